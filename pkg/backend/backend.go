@@ -1,0 +1,107 @@
+// Package backend opens the NVML implementation the plugin talks to: the
+// node's NVIDIA management library, or the mock GPUs. Everything above this
+// package sees only nvml.Interface.
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/tessera-dev/tessera/pkg/nvmlmock"
+)
+
+// Kinds of backend.
+const (
+	NVML = "nvml"
+	Mock = "mock"
+)
+
+// Options select and configure the backend.
+type Options struct {
+	Kind string
+	// NVMLLibrary overrides the path of libnvidia-ml.so.1.
+	NVMLLibrary string
+	// MockProfile is the --mock-profile value, e.g. "t4:2" or "dgxh100".
+	MockProfile string
+	// MockConfig is a YAML node description; it wins over MockProfile.
+	MockConfig string
+	// MockMIG is "all" or "none".
+	MockMIG string
+	// MockStateDir keeps mock MIG state across restarts ("" = in memory).
+	MockStateDir string
+	// Seed makes mock UUIDs stable; the node name.
+	Seed string
+}
+
+// Backend is an initialised NVML implementation.
+type Backend struct {
+	nvml.Interface
+	// Mock is set in mock mode, for fault injection.
+	Mock *nvmlmock.Server
+}
+
+// Open initialises the selected backend. Errors name the flag to fix.
+func Open(opts Options) (*Backend, error) {
+	switch opts.Kind {
+	case Mock:
+		return openMock(opts)
+	case NVML:
+		var lib nvml.Interface
+		if opts.NVMLLibrary != "" {
+			lib = nvml.New(nvml.WithLibraryPath(opts.NVMLLibrary))
+		} else {
+			lib = nvml.New()
+		}
+		if ret := lib.Init(); ret != nvml.SUCCESS {
+			if errors.Is(ret, nvml.ERROR_LIBRARY_NOT_FOUND) || ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+				return nil, fmt.Errorf("--gpu-backend=nvml: the NVIDIA management library (libnvidia-ml.so.1) could not be loaded: install the NVIDIA driver on the node, point --nvml-library at it, or run with --gpu-backend=mock")
+			}
+			return nil, fmt.Errorf("--gpu-backend=nvml: NVML failed to initialise: %s", nvml.ErrorString(ret))
+		}
+		return &Backend{Interface: lib}, nil
+	default:
+		return nil, fmt.Errorf("--gpu-backend=%q is not valid: use nvml or mock", opts.Kind)
+	}
+}
+
+func openMock(opts Options) (*Backend, error) {
+	var (
+		spec nvmlmock.NodeSpec
+		err  error
+	)
+	if opts.MockConfig != "" {
+		spec, err = nvmlmock.LoadNodeSpec(opts.MockConfig)
+	} else {
+		spec, err = nvmlmock.ParseProfile(opts.MockProfile)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var mig bool
+	switch opts.MockMIG {
+	case "", "none":
+	case "all":
+		mig = true
+		capable := false
+		for _, m := range spec.Models() {
+			capable = capable || len(nvmlmock.Models[m].MIG) > 0
+		}
+		if !capable {
+			return nil, fmt.Errorf("--mock-mig=all: none of the GPUs in %q supports MIG; use a MIG-capable model (a100-40gb, h100-80gb, h200-141gb, b200-180gb or a dgx* node) or --mock-mig=none", opts.MockProfile)
+		}
+	default:
+		return nil, fmt.Errorf("--mock-mig=%q is not valid: use all or none", opts.MockMIG)
+	}
+	mo := nvmlmock.Options{Spec: spec, Seed: opts.Seed, MIGEnabled: mig}
+	if opts.MockStateDir != "" {
+		mo.StatePath = filepath.Join(opts.MockStateDir, "mock-gpu-state.json")
+	}
+	srv, err := nvmlmock.New(mo)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{Interface: srv, Mock: srv}, nil
+}

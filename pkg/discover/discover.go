@@ -1,0 +1,357 @@
+// Package discover reads the node's GPUs through nvml.Interface into an
+// Inventory. The real library and the mock backend go through exactly this
+// code; nothing above nvml.Interface knows which one it talks to.
+package discover
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+)
+
+// Inventory is what the node has, as NVML reports it.
+type Inventory struct {
+	DriverVersion     string
+	CUDADriverVersion string
+	GPUs              []GPU
+}
+
+// GPU is one physical GPU.
+type GPU struct {
+	Index           int
+	Minor           int
+	UUID            string
+	ProductName     string
+	Brand           string
+	Architecture    string
+	CUDAComputeCap  string
+	PCIBusID        string
+	MemoryBytes     uint64
+	Multiprocessors int
+	// MIGCapable is true when the GPU supports MIG at all.
+	MIGCapable bool
+	// MIGEnabled is the current MIG mode.
+	MIGEnabled bool
+	// MIGProfiles lists the GPU instance profiles, only when MIG is enabled.
+	MIGProfiles []MIGProfile
+	// MIGInstances lists the MIG devices that exist now.
+	MIGInstances []MIGInstance
+}
+
+// Placement is a GPU instance placement in memory slices.
+type Placement struct {
+	Start int
+	Size  int
+}
+
+// MIGProfile is a GPU instance profile with its compute instance profile
+// for a full-size compute instance.
+type MIGProfile struct {
+	// Name as nvidia-smi prints it, e.g. "1g.10gb" or "1g.10gb+me".
+	Name            string
+	GIProfileID     int
+	CIProfileID     int
+	MemoryBytes     uint64
+	SliceCount      int
+	Multiprocessors int
+	CopyEngines     int
+	Decoders        int
+	Encoders        int
+	JPEGs           int
+	OFAs            int
+	InstanceCount   int
+	Placements      []Placement
+}
+
+// MIGInstance is a MIG device that exists on the GPU.
+type MIGInstance struct {
+	UUID        string
+	Profile     string
+	GIProfileID int
+	GIID        int
+	CIID        int
+	Placement   Placement
+}
+
+// giProfiles are NVML's GPU instance profile constants, probed in order.
+var giProfiles = []int{
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE,
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1,
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2,
+	nvml.GPU_INSTANCE_PROFILE_2_SLICE,
+	nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1,
+	nvml.GPU_INSTANCE_PROFILE_3_SLICE,
+	nvml.GPU_INSTANCE_PROFILE_4_SLICE,
+	nvml.GPU_INSTANCE_PROFILE_6_SLICE,
+	nvml.GPU_INSTANCE_PROFILE_7_SLICE,
+	nvml.GPU_INSTANCE_PROFILE_8_SLICE,
+}
+
+// CIProfileForSlices maps a slice count to the compute instance profile
+// that spans a whole GPU instance of that size.
+var CIProfileForSlices = map[int]int{
+	1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE,
+	2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+	3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE,
+	4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE,
+	6: nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE,
+	7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE,
+	8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE,
+}
+
+// Error wraps an NVML failure with the call and device that failed.
+func nvmlErr(what string, ret nvml.Return) error {
+	return fmt.Errorf("%s: %s", what, nvml.ErrorString(ret))
+}
+
+// Discover lists every GPU. lib must already be initialised.
+func Discover(ctx context.Context, lib nvml.Interface) (*Inventory, error) {
+	logger := klog.FromContext(ctx)
+	inv := &Inventory{}
+	var ret nvml.Return
+	if inv.DriverVersion, ret = lib.SystemGetDriverVersion(); ret != nvml.SUCCESS {
+		return nil, nvmlErr("get driver version", ret)
+	}
+	if v, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
+		inv.CUDADriverVersion = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+	}
+	count, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, nvmlErr("get device count", ret)
+	}
+	for i := range count {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, nvmlErr(fmt.Sprintf("get GPU %d", i), ret)
+		}
+		gpu, err := discoverGPU(i, dev)
+		if err != nil {
+			return nil, fmt.Errorf("GPU %d: %w", i, err)
+		}
+		logger.V(4).Info("Discovered GPU", "index", i, "uuid", gpu.UUID, "product", gpu.ProductName, "mig", gpu.MIGEnabled, "migInstances", len(gpu.MIGInstances))
+		inv.GPUs = append(inv.GPUs, *gpu)
+	}
+	return inv, nil
+}
+
+func discoverGPU(index int, dev nvml.Device) (*GPU, error) {
+	g := &GPU{Index: index}
+	var ret nvml.Return
+	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
+		return nil, nvmlErr("get UUID", ret)
+	}
+	if g.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
+		return nil, nvmlErr("get minor number", ret)
+	}
+	if g.ProductName, ret = dev.GetName(); ret != nvml.SUCCESS {
+		return nil, nvmlErr("get name", ret)
+	}
+	mem, ret := dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return nil, nvmlErr("get memory info", ret)
+	}
+	g.MemoryBytes = mem.Total
+	if brand, ret := dev.GetBrand(); ret == nvml.SUCCESS {
+		g.Brand = brandName(brand)
+	}
+	if arch, ret := dev.GetArchitecture(); ret == nvml.SUCCESS {
+		g.Architecture = archName(arch)
+	}
+	if major, minor, ret := dev.GetCudaComputeCapability(); ret == nvml.SUCCESS {
+		g.CUDAComputeCap = fmt.Sprintf("%d.%d", major, minor)
+	}
+	if attrs, ret := dev.GetAttributes(); ret == nvml.SUCCESS {
+		g.Multiprocessors = int(attrs.MultiprocessorCount)
+	}
+	if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
+		g.PCIBusID = normalizeBusID(int8String(pci.BusId[:]))
+	}
+	current, _, ret := dev.GetMigMode()
+	switch ret {
+	case nvml.SUCCESS:
+		g.MIGCapable = true
+		g.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
+	case nvml.ERROR_NOT_SUPPORTED:
+	default:
+		return nil, nvmlErr("get MIG mode", ret)
+	}
+	if !g.MIGEnabled {
+		return g, nil
+	}
+	profiles, err := migProfiles(dev, g.MemoryBytes)
+	if err != nil {
+		return nil, err
+	}
+	g.MIGProfiles = profiles
+	instances, err := migInstances(dev, profiles)
+	if err != nil {
+		return nil, err
+	}
+	g.MIGInstances = instances
+	return g, nil
+}
+
+func migProfiles(dev nvml.Device, totalBytes uint64) ([]MIGProfile, error) {
+	var out []MIGProfile
+	for _, id := range giProfiles {
+		info, ret := dev.GetGpuInstanceProfileInfo(id)
+		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			return nil, nvmlErr(fmt.Sprintf("get GPU instance profile %d", id), ret)
+		}
+		pls, ret := dev.GetGpuInstancePossiblePlacements(&info)
+		if ret != nvml.SUCCESS {
+			return nil, nvmlErr(fmt.Sprintf("get placements of GPU instance profile %d", id), ret)
+		}
+		p := MIGProfile{
+			Name:            ProfileName(id, int(info.SliceCount), info.MemorySizeMB, totalBytes),
+			GIProfileID:     id,
+			CIProfileID:     CIProfileForSlices[int(info.SliceCount)],
+			MemoryBytes:     info.MemorySizeMB << 20,
+			SliceCount:      int(info.SliceCount),
+			Multiprocessors: int(info.MultiprocessorCount),
+			CopyEngines:     int(info.CopyEngineCount),
+			Decoders:        int(info.DecoderCount),
+			Encoders:        int(info.EncoderCount),
+			JPEGs:           int(info.JpegCount),
+			OFAs:            int(info.OfaCount),
+			InstanceCount:   int(info.InstanceCount),
+		}
+		for _, pl := range pls {
+			p.Placements = append(p.Placements, Placement{Start: int(pl.Start), Size: int(pl.Size)})
+		}
+		sort.Slice(p.Placements, func(i, j int) bool { return p.Placements[i].Start < p.Placements[j].Start })
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func migInstances(dev nvml.Device, profiles []MIGProfile) ([]MIGInstance, error) {
+	max, ret := dev.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, nvmlErr("get max MIG device count", ret)
+	}
+	var out []MIGInstance
+	for i := range max {
+		mig, ret := dev.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			return nil, nvmlErr(fmt.Sprintf("get MIG device %d", i), ret)
+		}
+		var inst MIGInstance
+		if inst.UUID, ret = mig.GetUUID(); ret != nvml.SUCCESS {
+			return nil, nvmlErr("get MIG device UUID", ret)
+		}
+		if inst.GIID, ret = mig.GetGpuInstanceId(); ret != nvml.SUCCESS {
+			return nil, nvmlErr("get GPU instance ID", ret)
+		}
+		if inst.CIID, ret = mig.GetComputeInstanceId(); ret != nvml.SUCCESS {
+			return nil, nvmlErr("get compute instance ID", ret)
+		}
+		gi, ret := dev.GetGpuInstanceById(inst.GIID)
+		if ret != nvml.SUCCESS {
+			return nil, nvmlErr(fmt.Sprintf("get GPU instance %d", inst.GIID), ret)
+		}
+		info, ret := gi.GetInfo()
+		if ret != nvml.SUCCESS {
+			return nil, nvmlErr(fmt.Sprintf("get info of GPU instance %d", inst.GIID), ret)
+		}
+		inst.GIProfileID = int(info.ProfileId)
+		inst.Placement = Placement{Start: int(info.Placement.Start), Size: int(info.Placement.Size)}
+		for _, p := range profiles {
+			if p.GIProfileID == inst.GIProfileID {
+				inst.Profile = p.Name
+			}
+		}
+		out = append(out, inst)
+	}
+	return out, nil
+}
+
+// ProfileName names a GPU instance profile as nvidia-smi does: compute
+// slices, memory rounded to the eighth of the GPU it occupies, and "+me" for
+// the profile with media extensions.
+func ProfileName(giProfileID, slices int, memMiB, totalBytes uint64) string {
+	totalMiB := float64(totalBytes >> 20)
+	frac := math.Ceil(float64(memMiB)/totalMiB*8) / 8
+	totalGB := math.Ceil(float64(totalBytes) / (1 << 30))
+	name := fmt.Sprintf("%dg.%dgb", slices, int(math.Round(frac*totalGB)))
+	if giProfileID == nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 || giProfileID == nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 {
+		name += "+me"
+	}
+	return name
+}
+
+func brandName(b nvml.BrandType) string {
+	switch b {
+	case nvml.BRAND_TESLA:
+		return "Tesla"
+	case nvml.BRAND_QUADRO:
+		return "Quadro"
+	case nvml.BRAND_GEFORCE:
+		return "GeForce"
+	case nvml.BRAND_TITAN:
+		return "Titan"
+	case nvml.BRAND_NVIDIA_RTX:
+		return "NvidiaRTX"
+	case nvml.BRAND_NVIDIA:
+		return "Nvidia"
+	default:
+		return "Unknown"
+	}
+}
+
+func archName(a nvml.DeviceArchitecture) string {
+	switch a {
+	case nvml.DEVICE_ARCH_KEPLER:
+		return "Kepler"
+	case nvml.DEVICE_ARCH_MAXWELL:
+		return "Maxwell"
+	case nvml.DEVICE_ARCH_PASCAL:
+		return "Pascal"
+	case nvml.DEVICE_ARCH_VOLTA:
+		return "Volta"
+	case nvml.DEVICE_ARCH_TURING:
+		return "Turing"
+	case nvml.DEVICE_ARCH_AMPERE:
+		return "Ampere"
+	case nvml.DEVICE_ARCH_ADA:
+		return "Ada Lovelace"
+	case nvml.DEVICE_ARCH_HOPPER:
+		return "Hopper"
+	case nvml.DEVICE_ARCH_BLACKWELL:
+		return "Blackwell"
+	default:
+		return "Unknown"
+	}
+}
+
+func int8String(b []int8) string {
+	var sb strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		sb.WriteByte(byte(c))
+	}
+	return sb.String()
+}
+
+// normalizeBusID turns NVML's "00000000:3B:00.0" into the PCI address form
+// "0000:3b:00.0" that resource.kubernetes.io/pciBusID uses.
+func normalizeBusID(id string) string {
+	id = strings.ToLower(id)
+	if dom, rest, ok := strings.Cut(id, ":"); ok && len(dom) == 8 {
+		return dom[4:] + ":" + rest
+	}
+	return id
+}

@@ -1,0 +1,100 @@
+// Package plugin is Tessera's kubelet plugin: it wires the NVML backend,
+// discovery, the device model and publishing to the kubelet plugin library,
+// and serves NodePrepareResources / NodeUnprepareResources.
+package plugin
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/pkg/backend"
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
+)
+
+// Options are the kubelet plugin's command-line options.
+type Options struct {
+	NodeName       string
+	Kubeconfig     string
+	Backend        backend.Options
+	ReservedMemory string
+	TimeSlices     int
+	// TimeSlicesConfig is a YAML file mapping GPU index or UUID to N.
+	TimeSlicesConfig string
+	MIGMode          string
+	RescanInterval   time.Duration
+	CDIRoot          string
+	PluginDataDir    string
+	RegistrarDir     string
+	// MockDeviceRoot is where fake /dev nodes live in mock mode.
+	MockDeviceRoot    string
+	InterposerLibrary string
+	PrintSlices       bool
+}
+
+// AddFlags registers the options. The names are a contract: scripts and the
+// Helm chart use them.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "Name of this node; also the pool name. Defaults to $NODE_NAME.")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty means in-cluster configuration.")
+	fs.StringVar(&o.Backend.Kind, "gpu-backend", backend.NVML, "Where GPUs come from: nvml (the node's NVIDIA driver) or mock (built-in mock GPUs).")
+	fs.StringVar(&o.Backend.NVMLLibrary, "nvml-library", "", "Path of libnvidia-ml.so.1 for --gpu-backend=nvml (default: the loader's search path).")
+	fs.StringVar(&o.Backend.MockProfile, "mock-profile", "t4:1", "Mock GPUs: <model>[:<count>][,...] with models t4, a10, l4, a100-40gb, h100-80gb, h200-141gb, b200-180gb, or a node: dgxa100, dgxh100, dgxh200, dgxb200.")
+	fs.StringVar(&o.Backend.MockConfig, "mock-config", "", "YAML file describing the mock node (`gpus: [{model: t4, count: 2}]`); overrides --mock-profile.")
+	fs.StringVar(&o.Backend.MockMIG, "mock-mig", "none", "Put MIG-capable mock GPUs in MIG mode (no instances created): all or none.")
+	fs.StringVar(&o.Backend.MockStateDir, "mock-state-dir", "", "Where mock GPUs keep MIG state across restarts (default: the plugin data directory).")
+	fs.StringVar(&o.ReservedMemory, "reserved-memory", "256Mi", "GPU memory held back per GPU for the driver and CUDA contexts; shares and time slices are carved from the rest.")
+	fs.IntVar(&o.TimeSlices, "time-slices", 0, fmt.Sprintf("Time-slice partitions published per non-MIG GPU (gpu-<i>-ts-<k>), 0 to %d; 0 publishes none.", devicemodel.MaxTimeSlices))
+	fs.StringVar(&o.TimeSlicesConfig, "time-slices-config", "", "YAML file overriding --time-slices per GPU, keyed by GPU index or UUID, e.g. `{\"0\": 4, \"1\": 0}`.")
+	fs.StringVar(&o.MIGMode, "mig-mode", string(devicemodel.MIGDynamic), "How MIG-enabled GPUs are published: dynamic (every profile x placement, created at prepare) or static (existing instances).")
+	fs.DurationVar(&o.RescanInterval, "rescan-interval", time.Minute, "How often GPUs are rediscovered and ResourceSlices republished if they changed.")
+	fs.StringVar(&o.CDIRoot, "cdi-root", "/var/run/cdi", "Directory for the per-claim CDI specs.")
+	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "/var/lib/kubelet/plugins/"+devicemodel.DriverName, "Plugin data directory: kubelet socket, checkpoint.")
+	fs.StringVar(&o.RegistrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "Kubelet plugin registration directory.")
+	fs.StringVar(&o.MockDeviceRoot, "mock-device-root", "", "In mock mode, directory holding fake device nodes (dev/nvidia0, ...) that CDI specs point at, so containers start without GPUs.")
+	fs.StringVar(&o.InterposerLibrary, "interposer-library", "", "Path on the node of a HAMi-core compatible CUDA interposer (libvgpu.so); when set, share claims mount and preload it.")
+	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
+}
+
+// DeviceModelConfig validates the options that shape the device model.
+func (o *Options) DeviceModelConfig() (devicemodel.Config, error) {
+	cfg := devicemodel.Config{TimeSlices: o.TimeSlices, MIGMode: devicemodel.MIGMode(o.MIGMode)}
+	q, err := resource.ParseQuantity(o.ReservedMemory)
+	if err != nil || q.Sign() < 0 {
+		return cfg, fmt.Errorf("--reserved-memory=%q is not a valid memory size: use a quantity such as 256Mi or 1Gi", o.ReservedMemory)
+	}
+	cfg.ReservedMemory = uint64(q.Value())
+	if o.TimeSlicesConfig != "" {
+		data, err := os.ReadFile(o.TimeSlicesConfig)
+		if err != nil {
+			return cfg, fmt.Errorf("--time-slices-config: %w", err)
+		}
+		raw := map[string]int{}
+		if err := yaml.UnmarshalStrict(data, &raw); err != nil {
+			return cfg, fmt.Errorf("--time-slices-config %s: %w (expected a map of GPU index or UUID to a count, e.g. {\"0\": 4})", o.TimeSlicesConfig, err)
+		}
+		for k := range raw {
+			if _, err := strconv.Atoi(k); err != nil && len(k) < 4 {
+				return cfg, fmt.Errorf("--time-slices-config %s: key %q is neither a GPU index nor a UUID", o.TimeSlicesConfig, k)
+			}
+		}
+		cfg.TimeSlicesPerGPU = raw
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate checks the options needed to run (not to print).
+func (o *Options) Validate() error {
+	if o.NodeName == "" {
+		return fmt.Errorf("--node-name is required (or set NODE_NAME)")
+	}
+	if o.RescanInterval < time.Second {
+		return fmt.Errorf("--rescan-interval=%s is too short: use at least 1s", o.RescanInterval)
+	}
+	return nil
+}
