@@ -1,0 +1,29 @@
+# Local-cluster targets; the top-level Makefile includes this file.
+# The harness lives in test/localcluster (library) and hack/localcluster (CLI);
+# see docs/local-cluster.md. All targets need root.
+
+LOCALCLUSTER     ?= go run ./hack/localcluster
+TESSERA_PROFILE  ?= t4:2
+E2E_TIMEOUT      ?= 40m
+
+.PHONY: cluster-build cluster-up cluster-down cluster-status e2e
+
+## cluster-build: build (or reuse from the cache) the pinned upstream binaries
+cluster-build:
+	$(LOCALCLUSTER) build
+
+## cluster-up: tear down leftovers, bring the local cluster up and leave it running
+cluster-up:
+	$(LOCALCLUSTER) up --profile $(TESSERA_PROFILE)
+
+## cluster-down: stop the local cluster and remove all its state
+cluster-down:
+	$(LOCALCLUSTER) down
+
+## cluster-status: show the local cluster's components and paths
+cluster-status:
+	$(LOCALCLUSTER) status
+
+## e2e: end-to-end tests; they bring their own cluster up and down
+e2e:
+	TESSERA_PROFILE=$(TESSERA_PROFILE) go test -tags e2e ./test/e2e/... -v -timeout $(E2E_TIMEOUT)

@@ -1,0 +1,149 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-dev/tessera/test/localcluster"
+)
+
+// newNamespace creates a fresh namespace for one test and deletes it (and
+// waits for its pods to go, so their claims are unprepared) when the test ends.
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	ctx := t.Context()
+	ns, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-" + strings.ToLower(sanitize(t.Name())) + "-"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating namespace: %v", err)
+	}
+	// The ServiceAccount controller must have made "default" before pods are admitted.
+	waitFor(t, 30*time.Second, "default ServiceAccount in "+ns.Name, func(ctx context.Context) (bool, error) {
+		_, err := cluster.Client.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		grace := int64(2)
+		_ = cluster.Client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &grace}, metav1.ListOptions{})
+		for ctx.Err() == nil {
+			pods, err := cluster.Client.CoreV1().Pods(ns.Name).List(ctx, metav1.ListOptions{})
+			if err == nil && len(pods.Items) == 0 {
+				break
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		_ = cluster.Client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
+	})
+	return ns.Name
+}
+
+func sanitize(s string) string {
+	var sb strings.Builder
+	for _, r := range s {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			sb.WriteRune(r)
+		} else {
+			sb.WriteByte('-')
+		}
+	}
+	out := sb.String()
+	if len(out) > 40 {
+		out = out[:40]
+	}
+	return strings.Trim(out, "-")
+}
+
+// busyboxPod is a pod running command in the local busybox image. The image
+// is never pulled (imagePullPolicy Never): the network rule forbids it.
+func busyboxPod(name string, command ...string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: new(int64(1)),
+			Containers: []corev1.Container{{
+				Name:            "main",
+				Image:           localcluster.BusyboxImage,
+				ImagePullPolicy: corev1.PullNever,
+				Command:         command,
+			}},
+		},
+	}
+}
+
+// waitFor polls check every 250ms until it returns true or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, check func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	var lastErr error
+	for {
+		ok, err := check(ctx)
+		if ok {
+			return
+		}
+		if err != nil {
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// waitPodPhase waits until the pod reaches phase and returns it; a pod that
+// ends in another terminal phase fails the test at once.
+func waitPodPhase(t *testing.T, ns, name string, phase corev1.PodPhase, timeout time.Duration) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	waitFor(t, timeout, fmt.Sprintf("pod %s/%s %s", ns, name, phase), func(ctx context.Context) (bool, error) {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pod = p
+		if p.Status.Phase != phase && (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded) {
+			t.Fatalf("pod %s/%s ended %s, want %s: %+v", ns, name, p.Status.Phase, phase, p.Status)
+		}
+		return p.Status.Phase == phase, nil
+	})
+	return pod
+}
+
+// podLogs reads a container's log through the API server (which fetches it
+// from the kubelet on 127.0.0.1).
+func podLogs(t *testing.T, ns, name string) string {
+	t.Helper()
+	b, err := cluster.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(t.Context())
+	if err != nil {
+		t.Fatalf("logs of %s/%s: %v", ns, name, err)
+	}
+	return string(b)
+}
+
+// requirePlugin skips a test that needs the Tessera kubelet plugin when the
+// cluster runs without it (./cmd/kubelet-plugin not written yet, or
+// TESSERA_PLUGIN=off).
+func requirePlugin(t *testing.T) {
+	t.Helper()
+	if !cluster.PluginRunning() {
+		t.Skip("the Tessera kubelet plugin is not running in this cluster")
+	}
+}

@@ -1,0 +1,80 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"testing"
+
+	"github.com/tessera-dev/tessera/test/localcluster"
+)
+
+// cluster is the one local cluster all tests share.
+var cluster *localcluster.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "e2e: the local cluster (kubelet, containerd) needs root")
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	opts := localcluster.Options{
+		Profile:    os.Getenv("TESSERA_PROFILE"),
+		Plugin:     localcluster.PluginMode(os.Getenv("TESSERA_PLUGIN")),
+		Controller: os.Getenv("TESSERA_START_CONTROLLER") == "1",
+	}
+	c, err := localcluster.Up(ctx, opts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: bringing the local cluster up failed: %v\n", err)
+		if h, herr := localcluster.New(opts); herr == nil {
+			fmt.Fprint(os.Stderr, h.LogTails(40))
+		}
+		return 1
+	}
+	cluster = c
+	// An interrupt while tests run still tears the cluster down.
+	go func() {
+		<-ctx.Done()
+		fmt.Fprintln(os.Stderr, "e2e: interrupted; tearing the cluster down")
+		_ = c.Down()
+		os.Exit(130)
+	}()
+
+	// The network rule: the only image must already be in containerd before
+	// the first pod exists, so nothing is ever pulled.
+	code := 0
+	if ok, err := c.ImagePresent(context.Background(), localcluster.BusyboxImage); err != nil || !ok {
+		fmt.Fprintf(os.Stderr, "e2e: %s is not in containerd before any pod was created (err %v)\n", localcluster.BusyboxImage, err)
+		code = 1
+	} else {
+		code = m.Run()
+	}
+
+	if code != 0 {
+		if dir, err := c.ArchiveLogs("e2e-failed"); err == nil {
+			fmt.Fprintf(os.Stderr, "e2e: component logs archived in %s\n", dir)
+		}
+		fmt.Fprint(os.Stderr, c.LogTails(60))
+	}
+	if os.Getenv("TESSERA_E2E_KEEP") == "1" {
+		fmt.Fprintf(os.Stderr, "e2e: TESSERA_E2E_KEEP=1: cluster left running (kubeconfig %s); `go run ./hack/localcluster down` stops it\n", c.Kubeconfig)
+		return code
+	}
+	stop() // a ^C from here on ends the process as usual
+	if err := c.Down(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: teardown: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}

@@ -1,0 +1,395 @@
+package localcluster
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DriverNamespaces hold the driver's own pods, which teardown deletes after
+// every other pod (their plugin must unprepare the others' claims first).
+var DriverNamespaces = []string{"tessera-system"}
+
+// Down stops every component and removes all state of the cluster: no
+// process, mount, cgroup, socket, CDI spec of Tessera or kubelet state is left.
+// Logs and log archives in the work directory stay. The order follows what
+// keeps claims consistent: controllers first, then pods are deleted while the
+// kubelet and the DRA plugin still run (so claims are unprepared), then the
+// plugin, the kubelet, the API server and etcd, then containers and
+// containerd. Down is safe on a half-started, interrupted or absent cluster.
+func (c *Cluster) Down() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var errs []error
+	note := func(err error) {
+		if err != nil {
+			c.logf("teardown: %v", err)
+			errs = append(errs, err)
+		}
+	}
+	anything := false
+	for _, n := range allComponents {
+		if _, err := os.Stat(c.pidFile(n)); err == nil {
+			anything = true
+		}
+	}
+	if anything {
+		c.logf("tearing down the cluster in %s", c.Dirs.Root)
+	}
+
+	// 1. Controllers: nothing may create new pods or claims meanwhile.
+	for _, n := range []string{compController, compCM, compScheduler} {
+		note(c.stop(n, 10*time.Second))
+	}
+	// 2. Pods, while kubelet and plugin still run; the driver's own last.
+	if c.running(compAPIServer) && c.running(compKubelet) {
+		note(c.deletePods(ctx, false))
+		note(c.deletePods(ctx, true))
+	}
+	// 3. The plugin, then 4. kubelet, API server, etcd.
+	note(c.stop(compPlugin, 15*time.Second))
+	note(c.stop(compKubelet, 15*time.Second))
+	note(c.stop(compAPIServer, 15*time.Second))
+	note(c.stop(compEtcd, 15*time.Second))
+	// Containers: kill what runs in the kubepods cgroups and delete the
+	// tasks while containerd still runs, then stop containerd.
+	killCgroupProcs()
+	if c.running(compContainerd) {
+		c.deleteTasks(ctx)
+	}
+	note(c.stop(compContainerd, 15*time.Second))
+	// 5. Shims are re-parented to PID 1 and outlive containerd.
+	note(c.killShims())
+	killCgroupProcs()
+	// 6. Mounts, cgroups, files.
+	note(c.unmountAll())
+	note(removeKubepodsCgroups())
+	note(c.removeState())
+	if anything {
+		c.logf("teardown done")
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Cluster) deletePods(ctx context.Context, driverPods bool) error {
+	if c.Client == nil {
+		if err := c.connect(); err != nil {
+			return err
+		}
+	}
+	isDriver := func(ns string) bool {
+		for _, d := range DriverNamespaces {
+			if ns == d {
+				return true
+			}
+		}
+		return false
+	}
+	list := func() ([]corev1.Pod, error) {
+		pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, err
+		}
+		var out []corev1.Pod
+		for _, p := range pods.Items {
+			if isDriver(p.Namespace) == driverPods {
+				out = append(out, p)
+			}
+		}
+		return out, nil
+	}
+	pods, err := list()
+	if err != nil || len(pods) == 0 {
+		return err
+	}
+	c.logf("deleting %d pod(s) so the kubelet unprepares their claims", len(pods))
+	grace := int64(2)
+	for _, p := range pods {
+		_ = c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		pods, err := list()
+		if err == nil && len(pods) == 0 {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if pods, _ := list(); len(pods) > 0 {
+		return fmt.Errorf("%d pod(s) still exist 90s after deletion", len(pods))
+	}
+	if !driverPods && c.running(compPlugin) {
+		// The plugin removes a claim's CDI spec when the kubelet unprepares it.
+		deadline := time.Now().Add(30 * time.Second)
+		for len(tesseraCDISpecs()) > 0 && time.Now().Before(deadline) {
+			time.Sleep(250 * time.Millisecond)
+		}
+		if left := tesseraCDISpecs(); len(left) > 0 {
+			return fmt.Errorf("CDI specs still present after all pods were deleted (claims not unprepared?): %v", left)
+		}
+	}
+	return nil
+}
+
+// tesseraCDISpecs lists the CDI spec files Tessera's plugin wrote.
+func tesseraCDISpecs() []string {
+	var out []string
+	entries, _ := os.ReadDir(CDIRoot)
+	for _, e := range entries {
+		if strings.Contains(e.Name(), "tessera") {
+			out = append(out, filepath.Join(CDIRoot, e.Name()))
+		}
+	}
+	return out
+}
+
+func (c *Cluster) deleteTasks(ctx context.Context) {
+	out, err := c.ctr(ctx, "-n", "k8s.io", "tasks", "ls", "-q")
+	if err != nil {
+		return
+	}
+	for _, id := range strings.Fields(out) {
+		_, _ = c.ctr(ctx, "-n", "k8s.io", "tasks", "kill", "-a", "-s", "SIGKILL", id)
+		_, _ = c.ctr(ctx, "-n", "k8s.io", "tasks", "rm", "-f", id)
+	}
+}
+
+// cgroupMounts lists the mount points of the cgroup hierarchies (v1 and v2).
+func cgroupMounts() []string {
+	var out []string
+	for _, m := range mounts() {
+		if m.fstype == "cgroup" || m.fstype == "cgroup2" {
+			out = append(out, m.point)
+		}
+	}
+	return out
+}
+
+// kubepodsDirs lists every cgroup directory the kubelet made, deepest first.
+func kubepodsDirs() []string {
+	var dirs []string
+	for _, root := range cgroupMounts() {
+		top := filepath.Join(root, "kubepods")
+		_ = filepath.WalkDir(top, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+	}
+	sort.Slice(dirs, func(i, j int) bool { return strings.Count(dirs[i], "/") > strings.Count(dirs[j], "/") })
+	return dirs
+}
+
+// killCgroupProcs SIGKILLs every process in the kubelet's kubepods cgroups:
+// container processes, whatever containerd or the shims are doing.
+func killCgroupProcs() {
+	for _, d := range kubepodsDirs() {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+}
+
+func removeKubepodsCgroups() error {
+	var last error
+	for attempt := 0; attempt < 50; attempt++ {
+		dirs := kubepodsDirs()
+		if len(dirs) == 0 {
+			return nil
+		}
+		last = nil
+		for _, d := range dirs {
+			if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+				last = fmt.Errorf("rmdir %s: %w", d, err)
+			}
+		}
+		if last == nil {
+			return nil
+		}
+		killCgroupProcs()
+		time.Sleep(200 * time.Millisecond)
+	}
+	return last
+}
+
+// killShims kills containerd-shim-runc-v2 processes that belong to this
+// cluster's containerd (their command line names its socket), by PID.
+func (c *Cluster) killShims() error {
+	procs, _ := os.ReadDir("/proc")
+	var errs []error
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if !strings.HasSuffix(args[0], "containerd-shim-runc-v2") || !strings.Contains(string(b), c.Dirs.ContainerdSocket) {
+			continue
+		}
+		c.logf("killing leftover shim pid %d", pid)
+		if err := stopPID(pid, args[0], 0); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type mount struct{ point, fstype string }
+
+// mounts parses /proc/self/mountinfo.
+func mounts() []mount {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []mount
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 10 {
+			continue
+		}
+		sep := 6
+		for sep < len(fields) && fields[sep] != "-" {
+			sep++
+		}
+		if sep+1 >= len(fields) {
+			continue
+		}
+		out = append(out, mount{point: unescapeMount(fields[4]), fstype: fields[sep+1]})
+	}
+	return out
+}
+
+// unescapeMount decodes the octal escapes (\040 for space) of mountinfo.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var sb strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				sb.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		sb.WriteByte(s[i])
+	}
+	return sb.String()
+}
+
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+// ownMountRoots are the trees whose mounts belong to the cluster.
+func (c *Cluster) ownMountRoots() []string {
+	return []string{KubeletRootDir, c.Dirs.Root, "/run/containerd"}
+}
+
+// unmountAll unmounts everything under the cluster's trees, deepest first.
+func (c *Cluster) unmountAll() error {
+	var left []string
+	for round := 0; round < 5; round++ {
+		left = nil
+		for _, m := range mounts() {
+			for _, r := range c.ownMountRoots() {
+				if under(m.point, r) {
+					left = append(left, m.point)
+					break
+				}
+			}
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		sort.Slice(left, func(i, j int) bool { return len(left[i]) > len(left[j]) })
+		for _, p := range left {
+			if err := syscall.Unmount(p, 0); err != nil {
+				_ = syscall.Unmount(p, syscall.MNT_DETACH)
+			}
+		}
+	}
+	return fmt.Errorf("still mounted: %v", left)
+}
+
+// otherContainerdRunning tells whether a containerd that is not ours runs
+// (then /run/containerd is not ours to remove).
+func otherContainerdRunning() bool {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		argv0 := strings.SplitN(string(b), "\x00", 2)[0]
+		if filepath.Base(argv0) == "containerd" {
+			return true
+		}
+	}
+	return false
+}
+
+// removeState deletes the kubelet's root, etcd data, containerd state, the
+// generated configuration and certificates, and Tessera's CDI specs. Logs
+// and archives stay.
+func (c *Cluster) removeState() error {
+	var errs []error
+	rm := func(p string) {
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	rm(KubeletRootDir)
+	entries, _ := os.ReadDir(c.Dirs.Root)
+	for _, e := range entries {
+		if p := filepath.Join(c.Dirs.Root, e.Name()); p != c.Dirs.Logs && p != c.Dirs.Archive {
+			rm(p)
+		}
+	}
+	if !otherContainerdRunning() {
+		rm("/run/containerd")
+	}
+	for _, p := range tesseraCDISpecs() {
+		rm(p)
+	}
+	// The kubelet links container logs of its pods here.
+	links, _ := os.ReadDir("/var/log/containers")
+	for _, l := range links {
+		p := filepath.Join("/var/log/containers", l.Name())
+		if target, err := os.Readlink(p); err == nil && under(target, c.podLogsDir()) {
+			rm(p)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// podLogsDir is the kubelet's podLogsDir.
+func (c *Cluster) podLogsDir() string { return filepath.Join(c.Dirs.Root, "pod-logs") }
