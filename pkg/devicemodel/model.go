@@ -44,6 +44,7 @@ const (
 	AttrParentUUID      = "parentUUID"
 	AttrPlacementStart  = "migPlacementStart"
 	AttrTimeSlices      = "timeSlices"
+	AttrMultiprocessors = "multiprocessors"
 	AttrPCIBusID        = "resource.kubernetes.io/pciBusID"
 	CapMemory           = "memory"
 	CapCores            = "cores"
@@ -180,9 +181,11 @@ func fullGPUDevices(inv *discover.Inventory, gpu discover.GPU, cfg Config) (gpuD
 					},
 				},
 			},
-			CapMultiprocessors: {Value: *resource.NewQuantity(int64(gpu.Multiprocessors), resource.DecimalSI)},
 		},
 	}
+	// Every capacity of a shareable device is consumed by each share (its
+	// default when not requested), so the SM count is an attribute here.
+	whole.Attributes[AttrMultiprocessors] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(gpu.Multiprocessors))}
 	out := gpuDevices{devices: []resourceapi.Device{whole}}
 	n := cfg.timeSlicesFor(gpu.Index, gpu.UUID)
 	if n == 0 {

@@ -105,7 +105,7 @@ var Models = map[string]Model{
 	"b200-180gb": {
 		Name: "NVIDIA B200", Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA,
 		MemoryMiB: 183359, Multiprocessors: 148, CCMajor: 10, CCMinor: 0, PciDeviceID: 0x290110DE,
-		MIG: hopperLikeMIG(23040, 45824, 91392, 182528, 18, 66, 148),
+		MIG: hopperLikeMIG(22784, 45824, 91392, 182528, 18, 66, 148),
 	},
 }
 

@@ -1,0 +1,57 @@
+# Tessera: a DRA driver for shareable GPUs.
+#   make demo   the main job (see README)
+#   make test   every test: unit, fuzz (bounded), end to end
+SHELL := /bin/bash
+GO    ?= go
+# go-nvml's cgo wrapper declares every deprecated NVML call; keep builds quiet.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+BIN   := bin
+PKGS  := ./...
+FUZZTIME ?= 20s
+
+.PHONY: all build test unit fuzz vet fmt demo print-slices clean help
+
+all: build
+
+## build: build the kubelet plugin and the controller into bin/
+build:
+	$(GO) build -o $(BIN)/kubelet-plugin ./cmd/kubelet-plugin
+	$(GO) build -o $(BIN)/controller ./cmd/controller
+
+## test: vet, unit tests with -race, bounded fuzzing, end-to-end tests
+test: vet unit fuzz e2e
+
+## vet: go vet and gofmt check
+vet:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+## unit: unit and integration tests (no cluster), with the race detector
+unit:
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## fuzz: run each fuzz target for $(FUZZTIME)
+fuzz:
+	@for target in $$(grep -rl --include='*_test.go' '^func Fuzz' pkg api 2>/dev/null | xargs -r -n1 dirname | sort -u); do \
+	  for f in $$(grep -h '^func Fuzz' $$target/*_test.go | sed 's/func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
+	    echo "fuzz $$target $$f ($(FUZZTIME))"; \
+	    $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./$$target || exit 1; \
+	  done; \
+	done
+
+## print-slices: show the ResourceSlices a mock node publishes (PROFILE=t4:2 by default)
+PROFILE ?= t4:2
+print-slices:
+	$(GO) run ./cmd/kubelet-plugin --gpu-backend=mock --mock-profile=$(PROFILE) --node-name=demo-node --print-slices
+
+## demo: the main job
+demo: print-slices
+
+## clean: remove build outputs
+clean:
+	rm -rf $(BIN)
+
+help:
+	@grep -h '^## ' $(MAKEFILE_LIST) | sed 's/^## //'
+
+-include hack/localcluster.mk

@@ -1,0 +1,381 @@
+package devicemodel_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/publish"
+)
+
+const nodeName = "node-1"
+
+// shippedClasses loads the DeviceClasses users install.
+func shippedClasses(t testing.TB) allocation.Classes {
+	t.Helper()
+	data, err := os.ReadFile("../../deployments/deviceclasses.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var classes allocation.Classes
+	for {
+		var dc resourceapi.DeviceClass
+		if err := dec.Decode(&dc); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		classes = append(classes, &dc)
+	}
+	if len(classes) != 3 {
+		t.Fatalf("want 3 shipped DeviceClasses, got %d", len(classes))
+	}
+	return classes
+}
+
+type nodeOpts struct {
+	profile    string
+	mig        bool
+	timeSlices int
+	reserved   uint64
+}
+
+// buildSlices publishes a mock node exactly as the plugin does.
+func buildSlices(t testing.TB, o nodeOpts) []*resourceapi.ResourceSlice {
+	t.Helper()
+	spec, err := nvmlmock.ParseProfile(o.profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := nvmlmock.New(nvmlmock.Options{Spec: spec, Seed: nodeName, MIGEnabled: o.mig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := discover.Discover(context.Background(), srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserved := o.reserved
+	if reserved == 0 {
+		reserved = devicemodel.DefaultReservedMemory
+	}
+	slices, err := devicemodel.Build(inv, devicemodel.Config{ReservedMemory: reserved, TimeSlices: o.timeSlices, MIGMode: devicemodel.MIGDynamic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return publish.ResourceSlices(nodeName, slices)
+}
+
+type req struct {
+	class    string
+	memory   string // capacity.requests.memory; "" = none
+	cores    string
+	selector string // extra CEL
+}
+
+var claimSeq int
+
+func newClaim(r req) *resourceapi.ResourceClaim {
+	claimSeq++
+	exact := &resourceapi.ExactDeviceRequest{DeviceClassName: r.class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
+	if r.memory != "" || r.cores != "" {
+		exact.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
+		if r.memory != "" {
+			exact.Capacity.Requests["memory"] = resource.MustParse(r.memory)
+		}
+		if r.cores != "" {
+			exact.Capacity.Requests["cores"] = resource.MustParse(r.cores)
+		}
+	}
+	if r.selector != "" {
+		exact.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: r.selector}}}
+	}
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("claim-%d", claimSeq), Namespace: "default", UID: types.UID(fmt.Sprintf("uid-%d", claimSeq))},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: exact}},
+		}},
+	}
+}
+
+func migReq(profile string) req {
+	return req{class: "mig.tessera.dev", selector: fmt.Sprintf(`device.attributes["gpu.tessera.dev"].migProfile == %q`, profile)}
+}
+
+// cluster allocates claims one after another, as the scheduler does for
+// successive pods, and remembers the results.
+type cluster struct {
+	t       testing.TB
+	alloc   *allocation.Allocator
+	state   *allocation.State
+	results []resourceapi.AllocationResult
+}
+
+func newCluster(t testing.TB, o nodeOpts) *cluster {
+	return &cluster{t: t, alloc: allocation.NewAllocator(buildSlices(t, o), shippedClasses(t)), state: allocation.NewState()}
+}
+
+// place allocates one claim; it reports whether it fit and on which device.
+func (c *cluster) place(r req) (string, bool) {
+	c.t.Helper()
+	res, err := c.alloc.Allocate(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, c.state, newClaim(r))
+	if err != nil {
+		c.t.Fatalf("allocate %+v: %v", r, err)
+	}
+	if res == nil {
+		return "", false
+	}
+	c.state.Add(&res[0])
+	c.results = append(c.results, res[0])
+	return res[0].Devices.Results[0].Device, true
+}
+
+func (c *cluster) mustPlace(r req) string {
+	c.t.Helper()
+	dev, ok := c.place(r)
+	if !ok {
+		c.t.Fatalf("claim %+v does not fit, want it to fit (placed so far: %v)", r, c.devices())
+	}
+	return dev
+}
+
+func (c *cluster) mustNotPlace(r req) {
+	c.t.Helper()
+	if dev, ok := c.place(r); ok {
+		c.t.Fatalf("claim %+v fit on %s, want it not to fit (placed before: %v)", r, dev, c.devices())
+	}
+}
+
+func (c *cluster) devices() []string {
+	var out []string
+	for _, r := range c.results {
+		out = append(out, r.Devices.Results[0].Device)
+	}
+	return out
+}
+
+func TestT4Shares(t *testing.T) {
+	share := func(m string) req { return req{class: "gpu.tessera.dev", memory: m} }
+	whole := req{class: "gpu.tessera.dev"}
+
+	t.Run("four quarter shares fit one T4, a fifth does not", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4"})
+		for range 4 {
+			if dev := c.mustPlace(share("3776Mi")); dev != "gpu-0" {
+				t.Fatalf("share landed on %s", dev)
+			}
+		}
+		c.mustNotPlace(share("3776Mi"))
+	})
+	t.Run("scheduler showdown mix lands on one T4 with the default reserve", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4:2"})
+		for _, m := range []string{"2000Mi", "2000Mi", "8000Mi", "3000Mi"} {
+			if dev := c.mustPlace(share(m)); dev != "gpu-0" {
+				t.Fatalf("share %s landed on %s, want all four packed on gpu-0", m, dev)
+			}
+		}
+		var total resource.Quantity
+		for _, r := range c.results {
+			total.Add(r.Devices.Results[0].ConsumedCapacity["memory"])
+		}
+		if got := total.Value(); got != 15000<<20 {
+			t.Fatalf("consumed memory %d, want exactly the requested 15000Mi", got)
+		}
+	})
+	t.Run("exclusive takes the whole GPU, then no share fits on it", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4"})
+		c.mustPlace(whole)
+		c.mustNotPlace(share("256Mi"))
+		c.mustNotPlace(whole)
+	})
+	t.Run("a share blocks an exclusive request on the same GPU", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4:2"})
+		if dev := c.mustPlace(share("1Gi")); dev != "gpu-0" {
+			t.Fatalf("share on %s", dev)
+		}
+		if dev := c.mustPlace(whole); dev != "gpu-1" {
+			t.Fatalf("exclusive request landed on %s, want gpu-1", dev)
+		}
+		c.mustNotPlace(whole)
+	})
+	t.Run("share larger than usable memory does not fit", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4"})
+		c.mustNotPlace(share("15Gi"))
+	})
+	t.Run("small shares are rounded up to the minimum", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4"})
+		c.mustPlace(share("10Mi"))
+		got := c.results[0].Devices.Results[0].ConsumedCapacity["memory"]
+		if got.Value() != devicemodel.MinShareMemory {
+			t.Fatalf("consumed %s, want the 256Mi minimum", got.String())
+		}
+	})
+	t.Run("compute shares add up to 100 percent", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4"})
+		c.mustPlace(req{class: "gpu.tessera.dev", memory: "1Gi", cores: "60"})
+		c.mustNotPlace(req{class: "gpu.tessera.dev", memory: "1Gi", cores: "50"})
+		c.mustPlace(req{class: "gpu.tessera.dev", memory: "1Gi", cores: "40"})
+	})
+}
+
+func TestTimeSlices(t *testing.T) {
+	ts := req{class: "timeslice.tessera.dev"}
+	t.Run("N=4: four partitions allocate, a fifth and a share do not", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4", timeSlices: 4})
+		seen := map[string]bool{}
+		for range 4 {
+			seen[c.mustPlace(ts)] = true
+		}
+		if len(seen) != 4 {
+			t.Fatalf("want 4 distinct partitions, got %v", c.devices())
+		}
+		c.mustNotPlace(ts)
+		c.mustNotPlace(req{class: "gpu.tessera.dev", memory: "256Mi"})
+		c.mustNotPlace(req{class: "gpu.tessera.dev"})
+	})
+	t.Run("a share on the GPU blocks every partition", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4", timeSlices: 4})
+		c.mustPlace(req{class: "gpu.tessera.dev", memory: "1Gi"})
+		c.mustPlace(req{class: "gpu.tessera.dev", memory: "1Gi"})
+		c.mustNotPlace(ts)
+	})
+	t.Run("a whole GPU blocks every partition", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4", timeSlices: 2})
+		c.mustPlace(req{class: "gpu.tessera.dev"})
+		c.mustNotPlace(ts)
+	})
+	t.Run("partitions on one GPU leave the other GPU for shares", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4:2", timeSlices: 2})
+		for _, want := range []string{"gpu-0-ts-0", "gpu-0-ts-1"} {
+			if dev := c.mustPlace(ts); dev != want {
+				t.Fatalf("partition on %s, want %s", dev, want)
+			}
+		}
+		if dev := c.mustPlace(req{class: "gpu.tessera.dev", memory: "4Gi"}); dev != "gpu-1" {
+			t.Fatalf("share on %s, want gpu-1", dev)
+		}
+		c.mustNotPlace(ts)
+	})
+	t.Run("partition memory is usable memory divided by N", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4", timeSlices: 3})
+		c.mustPlace(ts)
+		slices := c.alloc.Slices
+		for _, s := range slices {
+			for _, d := range s.Spec.Devices {
+				if d.Name == "gpu-0-ts-0" {
+					got := d.Capacity["memory"].Value
+					if got.Value() != 5034<<20 {
+						t.Fatalf("partition memory %s, want 5034Mi (15104Mi/3 rounded down to MiB)", got.String())
+					}
+					return
+				}
+			}
+		}
+		t.Fatal("gpu-0-ts-0 not published")
+	})
+}
+
+func TestH100MIG(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fit      []string
+		notFit   []string
+		wantDevs []string
+	}{
+		{name: "seven 1g.10gb fit, an eighth does not", fit: repeat("1g.10gb", 7), notFit: []string{"1g.10gb"}},
+		{name: "three 2g.20gb and one 1g.10gb fit", fit: append(repeat("2g.20gb", 3), "1g.10gb")},
+		{name: "one 1g.10gb and then three 2g.20gb fit", fit: append([]string{"1g.10gb"}, repeat("2g.20gb", 3)...)},
+		{name: "four 2g.20gb do not", fit: repeat("2g.20gb", 3), notFit: []string{"2g.20gb"}},
+		{name: "4g.40gb and 3g.40gb fit", fit: []string{"4g.40gb", "3g.40gb"}, wantDevs: []string{"gpu-0-mig-4g40gb-0", "gpu-0-mig-3g40gb-4"}},
+		{name: "3g.40gb then 4g.40gb fit", fit: []string{"3g.40gb", "4g.40gb"}, wantDevs: []string{"gpu-0-mig-3g40gb-4", "gpu-0-mig-4g40gb-0"}},
+		{name: "two 3g.40gb then nothing", fit: []string{"3g.40gb", "3g.40gb"}, notFit: []string{"1g.10gb", "2g.20gb"}},
+		{name: "7g.80gb takes the whole GPU", fit: []string{"7g.80gb"}, notFit: []string{"1g.10gb"}},
+		{name: "only one 1g.10gb+me", fit: []string{"1g.10gb+me"}, notFit: []string{"1g.10gb+me", "7g.80gb"}},
+		{name: "four 1g.20gb, then no 2g.20gb", fit: repeat("1g.20gb", 4), notFit: []string{"2g.20gb", "1g.10gb"}},
+		{name: "1g.10gb placements leave room for 4g.40gb", fit: append(repeat("1g.10gb", 3), "4g.40gb")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, nodeOpts{profile: "h100-80gb", mig: true})
+			for i, p := range tc.fit {
+				dev := c.mustPlace(migReq(p))
+				if tc.wantDevs != nil && dev != tc.wantDevs[i] {
+					t.Fatalf("%s landed on %s, want %s", p, dev, tc.wantDevs[i])
+				}
+			}
+			for _, p := range tc.notFit {
+				c.mustNotPlace(migReq(p))
+			}
+			assertCreatable(t, c.devices())
+		})
+	}
+}
+
+// assertCreatable creates the allocated MIG devices on a fresh mock GPU:
+// what the scheduler picked must be physically creatable.
+func assertCreatable(t *testing.T, devices []string) {
+	t.Helper()
+	spec, _ := nvmlmock.ParseProfile("h100-80gb")
+	srv, err := nvmlmock.New(nvmlmock.Options{Spec: spec, Seed: nodeName, MIGEnabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := discover.Discover(context.Background(), srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := srv.Devices()[0]
+	for _, name := range devices {
+		n, err := devicemodel.ParseName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var prof *discover.MIGProfile
+		for i, p := range inv.GPUs[0].MIGProfiles {
+			if devicemodel.ProfileToken(p.Name) == n.ProfileToken {
+				prof = &inv.GPUs[0].MIGProfiles[i]
+			}
+		}
+		if prof == nil {
+			t.Fatalf("no profile for %s", name)
+		}
+		info, _ := dev.GetGpuInstanceProfileInfo(prof.GIProfileID)
+		var size int
+		for _, pl := range prof.Placements {
+			if pl.Start == n.Start {
+				size = pl.Size
+			}
+		}
+		if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvmlPlacement(n.Start, size)[0]); ret != nvml.SUCCESS {
+			t.Fatalf("allocated set %v is not creatable: %s failed with %v", devices, name, ret)
+		}
+	}
+}
+
+func repeat(s string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}
+
+func nvmlPlacement(start, size int) []nvml.GpuInstancePlacement {
+	return []nvml.GpuInstancePlacement{{Start: uint32(start), Size: uint32(size)}}
+}
