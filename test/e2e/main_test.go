@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -25,8 +26,28 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: the local cluster (kubelet, containerd) needs root")
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	// An interrupt during bring-up cancels it (Up then tears down what it
+	// started); one while tests run tears the cluster down and exits.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu      sync.Mutex
+		running *localcluster.Cluster
+	)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "e2e: %v: tearing the cluster down\n", s)
+		cancel()
+		mu.Lock()
+		c := running
+		mu.Unlock()
+		if c != nil {
+			_ = c.Down()
+			os.Exit(130)
+		}
+	}()
 	opts := localcluster.Options{
 		Profile:    os.Getenv("TESSERA_PROFILE"),
 		Plugin:     localcluster.PluginMode(os.Getenv("TESSERA_PLUGIN")),
@@ -41,13 +62,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 	cluster = c
-	// An interrupt while tests run still tears the cluster down.
-	go func() {
-		<-ctx.Done()
-		fmt.Fprintln(os.Stderr, "e2e: interrupted; tearing the cluster down")
-		_ = c.Down()
-		os.Exit(130)
-	}()
+	mu.Lock()
+	running = c
+	mu.Unlock()
 
 	// The network rule: the only image must already be in containerd before
 	// the first pod exists, so nothing is ever pulled.
@@ -69,7 +86,9 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: TESSERA_E2E_KEEP=1: cluster left running (kubeconfig %s); `go run ./hack/localcluster down` stops it\n", c.Kubeconfig)
 		return code
 	}
-	stop() // a ^C from here on ends the process as usual
+	mu.Lock()
+	running = nil // from here on the teardown below is the only one
+	mu.Unlock()
 	if err := c.Down(); err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: teardown: %v\n", err)
 		if code == 0 {

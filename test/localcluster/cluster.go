@@ -104,6 +104,7 @@ type Cluster struct {
 	logf   Logf
 	mu     sync.Mutex
 	exited map[string]chan struct{}
+	downMu sync.Mutex
 }
 
 // Component names; also the names of their pid and log files.
@@ -390,6 +391,9 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--feature-gates=" + featureGateFlag(),
 		"--v=1",
 	}, env); err != nil {
+		return err
+	}
+	if err := c.recordHostState(); err != nil {
 		return err
 	}
 	if err := c.start(compKubelet, c.Bin.Kubelet, []string{

@@ -143,7 +143,10 @@ func (c *Cluster) stop(name string, grace time.Duration) error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
-	return os.Remove(path)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // stopPID sends SIGTERM to pid and waits up to grace for it to go, then

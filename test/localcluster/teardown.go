@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -30,6 +31,8 @@ var DriverNamespaces = []string{"tessera-system"}
 // plugin, the kubelet, the API server and etcd, then containers and
 // containerd. Down is safe on a half-started, interrupted or absent cluster.
 func (c *Cluster) Down() error {
+	c.downMu.Lock()
+	defer c.downMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var errs []error
@@ -76,6 +79,8 @@ func (c *Cluster) Down() error {
 	// 6. Mounts, cgroups, files.
 	note(c.unmountAll())
 	note(removeKubepodsCgroups())
+	removeKubeletIptablesChains()
+	c.removeNewEmptyNftTables()
 	note(c.removeState())
 	if anything {
 		c.logf("teardown done")
@@ -369,11 +374,6 @@ func (c *Cluster) removeState() error {
 	}
 	rm(KubeletRootDir)
 	entries, _ := os.ReadDir(c.Dirs.Root)
-	for _, e := range entries {
-		if p := filepath.Join(c.Dirs.Root, e.Name()); p != c.Dirs.Logs && p != c.Dirs.Archive {
-			rm(p)
-		}
-	}
 	if !otherContainerdRunning() {
 		rm("/run/containerd")
 	}
@@ -381,14 +381,132 @@ func (c *Cluster) removeState() error {
 		rm(p)
 	}
 	// The kubelet links container logs of its pods here.
-	links, _ := os.ReadDir("/var/log/containers")
+	links, _ := os.ReadDir(containerLogLinks)
 	for _, l := range links {
-		p := filepath.Join("/var/log/containers", l.Name())
+		p := filepath.Join(containerLogLinks, l.Name())
 		if target, err := os.Readlink(p); err == nil && under(target, c.podLogsDir()) {
 			rm(p)
 		}
 	}
+	if _, err := os.Stat(c.createdLogLinksMarker()); err == nil {
+		_ = os.Remove(containerLogLinks) // only when empty
+	}
+	for _, e := range entries {
+		if p := filepath.Join(c.Dirs.Root, e.Name()); p != c.Dirs.Logs && p != c.Dirs.Archive {
+			rm(p)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// removeKubeletIptablesChains deletes the chains the kubelet always makes
+// (KUBE-IPTABLES-HINT, KUBE-KUBELET-CANARY, KUBE-FIREWALL and the jumps to it)
+// once it is stopped. Nothing else here uses them: there is no kube-proxy.
+func removeKubeletIptablesChains() {
+	for _, bin := range []string{"iptables", "ip6tables"} {
+		path, err := exec.LookPath(bin)
+		if err != nil {
+			continue
+		}
+		ipt := func(args ...string) error {
+			return exec.Command(path, append([]string{"-w", "5"}, args...)...).Run()
+		}
+		for _, chain := range []string{"INPUT", "OUTPUT"} {
+			for i := 0; i < 10 && ipt("-t", "filter", "-D", chain, "-j", "KUBE-FIREWALL") == nil; i++ {
+			}
+		}
+		for _, tc := range [][2]string{
+			{"filter", "KUBE-FIREWALL"},
+			{"filter", "KUBE-KUBELET-CANARY"},
+			{"nat", "KUBE-KUBELET-CANARY"},
+			{"mangle", "KUBE-KUBELET-CANARY"},
+			{"mangle", "KUBE-IPTABLES-HINT"},
+		} {
+			if ipt("-t", tc[0], "-F", tc[1]) == nil {
+				_ = ipt("-t", tc[0], "-X", tc[1])
+			}
+		}
+	}
+}
+
+// nftTablesFile records which nftables tables existed before the kubelet
+// started: the iptables-nft tables it made for its chains are removed again
+// by teardown when they are empty.
+func (c *Cluster) nftTablesFile() string { return filepath.Join(c.Dirs.Root, "host-nft-tables") }
+
+func nftTables() ([]string, bool) {
+	out, err := exec.Command("nft", "list", "tables").Output()
+	if err != nil {
+		return nil, false
+	}
+	var tables []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "table" {
+			tables = append(tables, f[1]+" "+f[2])
+		}
+	}
+	return tables, true
+}
+
+// containerLogLinks is where the kubelet links container logs (fixed).
+const containerLogLinks = "/var/log/containers"
+
+// createdLogLinksMarker exists when the cluster's kubelet made
+// containerLogLinks, which teardown then removes again.
+func (c *Cluster) createdLogLinksMarker() string {
+	return filepath.Join(c.Dirs.Root, "created-var-log-containers")
+}
+
+// recordHostState notes what existed before the kubelet started, so that
+// teardown removes only what the cluster made.
+func (c *Cluster) recordHostState() error {
+	if _, err := os.Stat(containerLogLinks); errors.Is(err, os.ErrNotExist) {
+		if err := os.WriteFile(c.createdLogLinksMarker(), nil, 0o644); err != nil {
+			return err
+		}
+	}
+	return c.recordNftTables()
+}
+
+func (c *Cluster) recordNftTables() error {
+	tables, ok := nftTables()
+	if !ok {
+		return nil
+	}
+	return os.WriteFile(c.nftTablesFile(), []byte(strings.Join(tables, "\n")+"\n"), 0o644)
+}
+
+func (c *Cluster) removeNewEmptyNftTables() {
+	b, err := os.ReadFile(c.nftTablesFile())
+	if err != nil {
+		return
+	}
+	before := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		before[strings.TrimSpace(l)] = true
+	}
+	now, _ := nftTables()
+	for _, t := range now {
+		if before[t] {
+			continue
+		}
+		f := strings.Fields(t)
+		out, err := exec.Command("nft", "list", "table", f[0], f[1]).Output()
+		if err != nil {
+			continue
+		}
+		empty := true
+		for _, l := range strings.Split(string(out), "\n") {
+			l = strings.TrimSpace(l)
+			if l == "" || l == "}" || strings.HasPrefix(l, "table ") || strings.HasPrefix(l, "chain ") || strings.HasPrefix(l, "type ") {
+				continue
+			}
+			empty = false // a rule, set, map...
+		}
+		if empty {
+			_ = exec.Command("nft", "delete", "table", f[0], f[1]).Run()
+		}
+	}
 }
 
 // podLogsDir is the kubelet's podLogsDir.
