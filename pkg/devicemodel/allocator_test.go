@@ -1,11 +1,8 @@
 package devicemodel_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"os"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -13,10 +10,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/tessera-dev/tessera/deployments"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
@@ -29,20 +26,9 @@ const nodeName = "node-1"
 // shippedClasses loads the DeviceClasses users install.
 func shippedClasses(t testing.TB) allocation.Classes {
 	t.Helper()
-	data, err := os.ReadFile("../../deployments/deviceclasses.yaml")
+	classes, err := deployments.DeviceClasses()
 	if err != nil {
 		t.Fatal(err)
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	var classes allocation.Classes
-	for {
-		var dc resourceapi.DeviceClass
-		if err := dec.Decode(&dc); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		classes = append(classes, &dc)
 	}
 	if len(classes) != 3 {
 		t.Fatalf("want 3 shipped DeviceClasses, got %d", len(classes))

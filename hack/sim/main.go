@@ -1,0 +1,73 @@
+// Command sim replays a GPU workload trace against a simulated cluster of
+// mock GPU nodes with Tessera's published slices and the scheduler's DRA
+// allocator, and compares sharing policies in one run.
+//
+//	go run ./hack/sim --trace showdown --nodes 1xt4
+//	go run ./hack/sim --trace mixed --jobs 1000 --nodes '12xdgxh100;12xdgxa100;40xt4:4'
+//	go run ./hack/sim --trace bench/mixed-1000.csv --nodes ...
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/tessera-dev/tessera/pkg/sim"
+)
+
+func main() {
+	trace := flag.String("trace", "showdown", "showdown, mixed (generated), or a CSV file name,kind,requestMiB,usageMiB")
+	jobs := flag.Int("jobs", 1000, "jobs in a generated mixed trace")
+	seed := flag.Uint64("seed", 1, "seed of the generated trace")
+	nodes := flag.String("nodes", "1xt4", "node groups <count>x<mock profile>, separated by ';'")
+	writeTrace := flag.String("write-trace", "", "write the trace as CSV to this file and exit")
+	flag.Parse()
+
+	var js []sim.Job
+	switch *trace {
+	case "showdown":
+		js = sim.Showdown()
+	case "mixed":
+		js = sim.Generate(*jobs, *seed, sim.DefaultMix)
+	default:
+		var err error
+		if js, err = sim.ReadCSV(*trace); err != nil {
+			fail(err)
+		}
+	}
+	if *writeTrace != "" {
+		f, err := os.Create(*writeTrace)
+		if err != nil {
+			fail(err)
+		}
+		if err := sim.WriteCSV(f, js); err != nil {
+			fail(err)
+		}
+		fail(f.Close())
+		return
+	}
+	groups, err := sim.ParseNodes(*nodes)
+	if err != nil {
+		fail(err)
+	}
+	var results []sim.Result
+	start := time.Now()
+	for _, p := range sim.Policies {
+		r, err := sim.Run(context.Background(), groups, js, p)
+		if err != nil {
+			fail(err)
+		}
+		results = append(results, r)
+	}
+	fmt.Printf("Trace %s (%d jobs) on %s, simulated in %s:\n\n", *trace, len(js), *nodes, time.Since(start).Round(time.Millisecond))
+	sim.WriteMarkdown(os.Stdout, results)
+}
+
+func fail(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sim:", err)
+		os.Exit(1)
+	}
+}

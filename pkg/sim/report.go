@@ -1,0 +1,31 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+)
+
+// WriteMarkdown prints results as a Markdown table, with ratios against the
+// whole-GPU baseline measured in the same run.
+func WriteMarkdown(w io.Writer, results []Result) {
+	var base Result
+	for _, r := range results {
+		if r.Policy == WholeGPU {
+			base = r
+		}
+	}
+	fmt.Fprintln(w, "| policy | placed | pending | GPUs used | lower bound | GPUs / bound | pods per GPU | vs whole GPU | memory allocated / available | pods over GPU memory |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range results {
+		bound := "-"
+		if r.LowerBound > 0 {
+			bound = fmt.Sprintf("%.2fx", float64(r.GPUsUsed)/float64(r.LowerBound))
+		}
+		vs := "-"
+		if base.PodsPerGPU() > 0 {
+			vs = fmt.Sprintf("%.2fx", r.PodsPerGPU()/base.PodsPerGPU())
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %s | %.2f | %s | %.0f%% | %d |\n",
+			r.Policy, r.Placed, r.Pending, r.GPUsUsed, r.LowerBound, bound, r.PodsPerGPU(), vs, 100*r.Utilization(), r.OverCommitted)
+	}
+}
