@@ -111,6 +111,8 @@ func (c *Cluster) writeCNIConfig() error {
 	return os.WriteFile(filepath.Join(c.Dirs.CNIConf, "10-tessera.conflist"), conf, 0o644)
 }
 
+func (c *Cluster) resolvConf() string { return filepath.Join(c.Dirs.Root, "resolv.conf") }
+
 func (c *Cluster) writeKubeletConfig() error {
 	var gates strings.Builder
 	for _, g := range FeatureGates {
@@ -146,9 +148,14 @@ evictionHard:
   imagefs.available: "1%%"
 serializeImagePulls: false
 clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
+resolvConf: %q
 podLogsDir: %q
 featureGates:
-%s`, KubeletPort, KubeletHealthzPort, c.pki.caCert, c.Dirs.ContainerdSocket, c.Dirs.ContainerdSocket, c.podLogsDir(), gates.String())
+%s`, KubeletPort, KubeletHealthzPort, c.pki.caCert, c.Dirs.ContainerdSocket, c.Dirs.ContainerdSocket, c.resolvConf(), c.podLogsDir(), gates.String())
+	// Pods resolve names against 127.0.0.1 (where nothing answers) instead
+	// of the host's resolvers: nothing in the cluster may dial off the machine.
+	if err := os.WriteFile(c.resolvConf(), []byte("nameserver 127.0.0.1\n"), 0o644); err != nil {
+		return err
+	}
 	return os.WriteFile(c.Dirs.KubeletConfig, []byte(cfg), 0o644)
 }
