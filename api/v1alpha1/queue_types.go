@@ -1,0 +1,156 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ResourceName names a resource the controller accounts per queue.
+// +kubebuilder:validation:Enum=gpu.tessera.dev/memory;gpu.tessera.dev/gpus
+type ResourceName string
+
+// The accounted resources.
+const (
+	// ResourceGPUMemory is GPU memory in bytes: a share's consumed memory, a
+	// whole GPU's usable memory, a time slice's or MIG device's memory.
+	ResourceGPUMemory ResourceName = "gpu.tessera.dev/memory"
+	// ResourceGPUs is GPU equivalents: a whole GPU is 1, a memory share
+	// memory/usable, a time slice 1/N, a MIG device its compute slices over
+	// the GPU's.
+	ResourceGPUs ResourceName = "gpu.tessera.dev/gpus"
+)
+
+// Names on pods. They are a contract with users and tooling.
+const (
+	// QueueLabel puts a pod into a leaf queue; the mutating webhook gates it.
+	QueueLabel = "tessera.dev/queue"
+	// GangLabel groups pods of one gang (same namespace, same queue).
+	GangLabel = "tessera.dev/gang"
+	// GangSizeLabel is the gang's minimum number of members.
+	GangSizeLabel = "tessera.dev/gang-size"
+	// AdmissionGate is the scheduling gate the controller removes on admission.
+	AdmissionGate = "tessera.dev/admission"
+	// AdmissionCondition is the pod condition that says whether and why a
+	// pod waits for admission.
+	AdmissionCondition = "tessera.dev/Admission"
+)
+
+// ResourceList is an amount per accounted resource.
+type ResourceList map[ResourceName]resource.Quantity
+
+// QueueResource bounds one accounted resource of a queue.
+// +kubebuilder:validation:XValidation:rule="!has(self.quota) || !quantity(string(self.quota)).isLessThan(quantity('0'))",message="quota must not be negative"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit) || !quantity(string(self.limit)).isLessThan(quantity('0'))",message="limit must not be negative"
+// +kubebuilder:validation:XValidation:rule="!has(self.quota) || !has(self.limit) || quantity(string(self.quota)).compareTo(quantity(string(self.limit))) <= 0",message="quota must not be above limit"
+type QueueResource struct {
+	// Quota is guaranteed to the queue: work within it is admitted ahead of
+	// over-quota work and is never reclaimed. Unset means 0.
+	// +optional
+	Quota *resource.Quantity `json:"quota,omitempty"`
+	// Limit is a hard cap on what the queue and its descendants may hold.
+	// Unset means no cap.
+	// +optional
+	Limit *resource.Quantity `json:"limit,omitempty"`
+	// OverQuotaWeight splits capacity beyond the quotas between sibling
+	// queues of the same priority. Default 1; 0 takes no share of idle
+	// capacity in the fair-share computation.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000
+	OverQuotaWeight *int32 `json:"overQuotaWeight,omitempty"`
+}
+
+// QueueSpec defines a queue.
+type QueueSpec struct {
+	// Parent is the name of the parent queue; empty for a top-level queue.
+	// Workloads go only to leaf queues (queues no other queue names as
+	// parent).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self != ''",message="parent must not be empty; leave it out for a top-level queue"
+	Parent string `json:"parent,omitempty"`
+	// Priority orders sibling queues: capacity beyond the quotas goes to the
+	// highest priority first, and admission serves higher priority first.
+	// +optional
+	Priority int32 `json:"priority,omitempty"`
+	// Resources bounds the accounted resources (gpu.tessera.dev/memory,
+	// gpu.tessera.dev/gpus). A resource not listed has quota 0 and no limit.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=2
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'gpu.tessera.dev/memory' || k == 'gpu.tessera.dev/gpus')",message="accounted resources are gpu.tessera.dev/memory and gpu.tessera.dev/gpus"
+	Resources map[ResourceName]QueueResource `json:"resources,omitempty"`
+}
+
+// QueueStatus is what the controller observes and decided.
+type QueueStatus struct {
+	// ObservedGeneration is the spec generation the status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Allocated is what admitted workloads of this queue and its
+	// descendants hold: the real allocation for claims the scheduler has
+	// allocated, the admission estimate for the others.
+	// +optional
+	Allocated ResourceList `json:"allocated,omitempty"`
+	// Pending is the demand of workloads waiting for admission.
+	// +optional
+	Pending ResourceList `json:"pending,omitempty"`
+	// FairShare is the queue's share of the cluster (quota first, the rest
+	// by priority and over-quota weight, capped by limit and demand).
+	// +optional
+	FairShare ResourceList `json:"fairShare,omitempty"`
+	// AdmittedWorkloads counts admitted workloads (a gang counts once).
+	// +optional
+	AdmittedWorkloads int32 `json:"admittedWorkloads,omitempty"`
+	// PendingWorkloads counts workloads waiting for admission.
+	// +optional
+	PendingWorkloads int32 `json:"pendingWorkloads,omitempty"`
+	// Conditions: Valid says whether the queue can take workloads.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Queue is a node of the queue hierarchy. Pods name a leaf queue with the
+// label tessera.dev/queue.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:validation:XValidation:rule="!has(self.spec) || !has(self.spec.parent) || self.spec.parent != self.metadata.name",message="a queue cannot be its own parent"
+// +kubebuilder:resource:scope=Cluster,shortName=tq,categories=tessera
+// +kubebuilder:printcolumn:name="Parent",type=string,JSONPath=`.spec.parent`
+// +kubebuilder:printcolumn:name="Prio",type=integer,JSONPath=`.spec.priority`,priority=1
+// +kubebuilder:printcolumn:name="Mem-Quota",type=string,JSONPath=`.spec.resources.gpu\.tessera\.dev/memory.quota`
+// +kubebuilder:printcolumn:name="Mem-Limit",type=string,JSONPath=`.spec.resources.gpu\.tessera\.dev/memory.limit`
+// +kubebuilder:printcolumn:name="Mem-Used",type=string,JSONPath=`.status.allocated.gpu\.tessera\.dev/memory`
+// +kubebuilder:printcolumn:name="Mem-Fair",type=string,JSONPath=`.status.fairShare.gpu\.tessera\.dev/memory`
+// +kubebuilder:printcolumn:name="GPUs-Quota",type=string,JSONPath=`.spec.resources.gpu\.tessera\.dev/gpus.quota`,priority=1
+// +kubebuilder:printcolumn:name="GPUs-Used",type=string,JSONPath=`.status.allocated.gpu\.tessera\.dev/gpus`
+// +kubebuilder:printcolumn:name="GPUs-Fair",type=string,JSONPath=`.status.fairShare.gpu\.tessera\.dev/gpus`,priority=1
+// +kubebuilder:printcolumn:name="Mem-Pending",type=string,JSONPath=`.status.pending.gpu\.tessera\.dev/memory`,priority=1
+// +kubebuilder:printcolumn:name="Admitted",type=integer,JSONPath=`.status.admittedWorkloads`
+// +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pendingWorkloads`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Queue struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   QueueSpec   `json:"spec,omitempty"`
+	Status QueueStatus `json:"status,omitempty"`
+}
+
+// QueueList is a list of queues.
+//
+// +kubebuilder:object:root=true
+type QueueList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Queue `json:"items"`
+}
+
+// QueueConditionValid is the condition type saying whether a queue is usable.
+const QueueConditionValid = "Valid"
+
+func init() {
+	SchemeBuilder.Register(&Queue{}, &QueueList{})
+}
