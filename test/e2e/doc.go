@@ -2,7 +2,7 @@
 // `e2e` build tag and run against a real local cluster (test/localcluster)
 // that TestMain brings up once for all tests and tears down afterwards:
 //
-//	go test -tags e2e ./test/e2e/... -v -timeout 40m   (as root; or: make e2e)
+//	go test -tags e2e -count=1 ./test/e2e/... -v -timeout 40m   (as root; or: make e2e)
 //
 // Environment: TESSERA_PROFILE (mock GPU profile of the kubelet plugin,
 // default t4:2), TESSERA_PLUGIN (auto|on|off), TESSERA_START_CONTROLLER=1,
