@@ -152,11 +152,9 @@ func New(opts Options) (*Cluster, error) {
 		}
 	}
 	if opts.RepoRoot == "" {
-		root, err := findRepoRoot()
-		if err != nil {
-			return nil, err
-		}
-		opts.RepoRoot = root
+		// Only bring-up needs the repository (to build Tessera's commands);
+		// Down and Status work from anywhere.
+		opts.RepoRoot, _ = findRepoRoot()
 	}
 	r := opts.WorkDir
 	c := &Cluster{
@@ -202,7 +200,7 @@ func findRepoRoot() (string, error) {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("cannot find the Tessera repository (go.mod of github.com/tessera-dev/tessera) above the working directory; set Options.RepoRoot")
+			return "", errors.New("no Tessera go.mod above the working directory")
 		}
 		dir = parent
 	}
@@ -247,6 +245,9 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 }
 
 func (c *Cluster) up(ctx context.Context) error {
+	if c.Opts.RepoRoot == "" {
+		return errors.New("cannot find the Tessera repository (go.mod of github.com/tessera-dev/tessera) above the working directory; set Options.RepoRoot")
+	}
 	b, err := EnsureBinaries(ctx, c.logf)
 	if err != nil {
 		return err
