@@ -1,0 +1,417 @@
+// Package demand turns ResourceClaims and ResourceClaimTemplates that target
+// gpu.tessera.dev device classes into charges in the accounted resources
+// (gpu.tessera.dev/memory in bytes, gpu.tessera.dev/gpus in GPU
+// equivalents): estimates for claims not yet allocated, the real charge
+// from allocation results (consumed capacity, the device's memory) for
+// claims the scheduler allocated.
+package demand
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/queue"
+)
+
+// DefaultMIGComputeSlices is the number of compute slices of a MIG-capable
+// GPU (A100, H100, H200, B200) used when a MIG device's slices are not
+// published as counters (static MIG mode).
+const DefaultMIGComputeSlices = 7
+
+// Device is a published gpu.tessera.dev device with what accounting needs.
+type Device struct {
+	Node   string
+	Pool   string
+	Name   string
+	Type   string
+	Memory int64
+	// GPUs is what one allocation of the whole device charges (micro-GPUs):
+	// 1 GPU for a GPU, 1/N for a time slice, the compute fraction for MIG.
+	GPUs int64
+	// Physical identifies the physical GPU (pool and UUID).
+	Physical string
+	// Shareable is set for devices allocated in memory shares.
+	Shareable bool
+	// MinShare and ShareStep round a share's memory as the request policy does.
+	MinShare, ShareStep int64
+	cel                 cel.Device
+}
+
+// Catalog indexes the published devices of the driver, the device classes
+// and the cluster's capacity.
+type Catalog struct {
+	Driver   string
+	devices  map[string]*Device // pool/device
+	shapes   []*Device          // one device per distinct shape, for estimates
+	perNode  map[string][]*Device
+	classes  map[string]*resourceapi.DeviceClass
+	capacity queue.Vector
+	cache    *cel.Cache
+}
+
+// NewCatalog indexes the slices (only the newest generation of each pool
+// counts) and classes. The CEL cache may be shared with the allocator.
+func NewCatalog(slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, cache *cel.Cache) *Catalog {
+	c := &Catalog{
+		Driver:  devicemodel.DriverName,
+		devices: map[string]*Device{},
+		perNode: map[string][]*Device{},
+		classes: map[string]*resourceapi.DeviceClass{},
+		cache:   cache,
+	}
+	for _, dc := range classes {
+		c.classes[dc.Name] = dc
+	}
+	newest := map[string]int64{}
+	for _, s := range slices {
+		if s.Spec.Driver == c.Driver {
+			newest[s.Spec.Pool.Name] = max(newest[s.Spec.Pool.Name], s.Spec.Pool.Generation)
+		}
+	}
+	// Compute slices per counter set, per pool, for MIG fractions.
+	computeSlices := map[string]int64{}
+	for _, s := range slices {
+		if s.Spec.Driver != c.Driver || s.Spec.Pool.Generation != newest[s.Spec.Pool.Name] {
+			continue
+		}
+		for _, cs := range s.Spec.SharedCounters {
+			if v, ok := cs.Counters["compute-slices"]; ok {
+				computeSlices[s.Spec.Pool.Name+"/"+cs.Name] = v.Value.Value()
+			}
+		}
+	}
+	physMem := map[string]int64{}
+	physNode := map[string]string{}
+	shapeKeys := map[string]bool{}
+	for _, s := range slices {
+		if s.Spec.Driver != c.Driver || s.Spec.Pool.Generation != newest[s.Spec.Pool.Name] {
+			continue
+		}
+		node := ptr.Deref(s.Spec.NodeName, "")
+		for i := range s.Spec.Devices {
+			d := c.device(node, s.Spec.Pool.Name, &s.Spec.Devices[i], computeSlices)
+			c.devices[d.Pool+"/"+d.Name] = d
+			c.perNode[node] = append(c.perNode[node], d)
+			if d.Physical != "" {
+				mem := d.Memory
+				if d.Type == devicemodel.TypeTimeSlice {
+					mem = 0 // the GPU device of the same UUID carries it
+				}
+				physMem[d.Physical] = max(physMem[d.Physical], mem)
+				physNode[d.Physical] = node
+			}
+			key := shapeKey(d)
+			if !shapeKeys[key] {
+				shapeKeys[key] = true
+				c.shapes = append(c.shapes, d)
+			}
+		}
+	}
+	for _, m := range physMem {
+		c.capacity[queue.Memory] += m
+		c.capacity[queue.GPUs] += queue.GPU
+	}
+	sort.Slice(c.shapes, func(i, j int) bool { return shapeKey(c.shapes[i]) < shapeKey(c.shapes[j]) })
+	return c
+}
+
+func shapeKey(d *Device) string {
+	attr := func(n string) string {
+		a := d.cel.Attributes[resourceapi.QualifiedName(n)]
+		switch {
+		case a.StringValue != nil:
+			return *a.StringValue
+		case a.IntValue != nil:
+			return strconv.FormatInt(*a.IntValue, 10)
+		case a.VersionValue != nil:
+			return *a.VersionValue
+		}
+		return ""
+	}
+	return strings.Join([]string{d.Type, attr(devicemodel.AttrProductName), attr(devicemodel.AttrMIGProfile),
+		attr(devicemodel.AttrTimeSlices), strconv.FormatInt(d.Memory, 10), strconv.FormatInt(d.GPUs, 10)}, "|")
+}
+
+func (c *Catalog) device(node, pool string, d *resourceapi.Device, computeSlices map[string]int64) *Device {
+	out := &Device{
+		Node: node, Pool: pool, Name: d.Name,
+		cel: cel.Device{Driver: c.Driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity},
+	}
+	if a := d.Attributes[devicemodel.AttrType]; a.StringValue != nil {
+		out.Type = *a.StringValue
+	}
+	if mem, ok := d.Capacity[devicemodel.CapMemory]; ok {
+		out.Memory = mem.Value.Value()
+		if p := mem.RequestPolicy; p != nil && p.ValidRange != nil {
+			out.Shareable = ptr.Deref(d.AllowMultipleAllocations, false)
+			if p.ValidRange.Min != nil {
+				out.MinShare = p.ValidRange.Min.Value()
+			}
+			if p.ValidRange.Step != nil {
+				out.ShareStep = p.ValidRange.Step.Value()
+			}
+		}
+	}
+	uuid := d.Attributes[devicemodel.AttrUUID]
+	parent := d.Attributes[devicemodel.AttrParentUUID]
+	switch {
+	case parent.StringValue != nil:
+		out.Physical = pool + "/" + *parent.StringValue
+	case uuid.StringValue != nil:
+		out.Physical = pool + "/" + *uuid.StringValue
+	}
+	switch out.Type {
+	case devicemodel.TypeTimeSlice:
+		n := int64(1)
+		if a := d.Attributes[devicemodel.AttrTimeSlices]; a.IntValue != nil && *a.IntValue > 0 {
+			n = *a.IntValue
+		}
+		out.GPUs = queue.GPU / n
+	case devicemodel.TypeMIG:
+		out.GPUs = migFraction(pool, d, computeSlices)
+	default:
+		out.GPUs = queue.GPU
+	}
+	return out
+}
+
+// migFraction is the MIG device's compute slices over the GPU's: from the
+// counters in dynamic mode, from the profile name ("3g.40gb" = 3 of 7)
+// otherwise.
+func migFraction(pool string, d *resourceapi.Device, computeSlices map[string]int64) int64 {
+	for _, cc := range d.ConsumesCounters {
+		if used, ok := cc.Counters["compute-slices"]; ok {
+			if total := computeSlices[pool+"/"+cc.CounterSet]; total > 0 {
+				return used.Value.Value() * queue.GPU / total
+			}
+		}
+	}
+	if a := d.Attributes[devicemodel.AttrMIGProfile]; a.StringValue != nil {
+		g, _, ok := strings.Cut(*a.StringValue, "g.")
+		if n, err := strconv.Atoi(g); ok && err == nil && n > 0 && n <= DefaultMIGComputeSlices {
+			return int64(n) * queue.GPU / DefaultMIGComputeSlices
+		}
+	}
+	return queue.GPU
+}
+
+// Capacity is the cluster's total: usable memory and GPUs of every
+// published physical GPU.
+func (c *Catalog) Capacity() queue.Vector { return c.capacity }
+
+// Lookup returns the device published as pool/name.
+func (c *Catalog) Lookup(pool, name string) *Device { return c.devices[pool+"/"+name] }
+
+// NodeDevices returns the devices published for a node.
+func (c *Catalog) NodeDevices(node string) []*Device { return c.perNode[node] }
+
+// IsOurClass says whether a device class selects devices of this driver:
+// one of its CEL selectors names the driver.
+func (c *Catalog) IsOurClass(dc *resourceapi.DeviceClass) bool {
+	quoted := strconv.Quote(c.Driver)
+	for _, s := range dc.Spec.Selectors {
+		if s.CEL != nil && strings.Contains(s.CEL.Expression, quoted) {
+			return true
+		}
+	}
+	return false
+}
+
+// shareCharge is what a share of mem bytes of device d charges.
+func (d *Device) shareCharge(mem int64) queue.Vector {
+	if d.Memory <= 0 {
+		return queue.Vector{queue.Memory: mem}
+	}
+	mem = min(mem, d.Memory)
+	return queue.Vector{queue.Memory: mem, queue.GPUs: mulDiv(mem, d.GPUs, d.Memory)}
+}
+
+// wholeCharge is what the whole device charges.
+func (d *Device) wholeCharge() queue.Vector {
+	return queue.Vector{queue.Memory: d.Memory, queue.GPUs: d.GPUs}
+}
+
+// roundShare rounds a requested share up as the capacity request policy
+// does.
+func (d *Device) roundShare(mem int64) int64 {
+	if d.ShareStep > 0 && mem%d.ShareStep != 0 {
+		mem += d.ShareStep - mem%d.ShareStep
+	}
+	return max(mem, d.MinShare)
+}
+
+func mulDiv(a, b, c int64) int64 {
+	if c == 0 {
+		return 0
+	}
+	// a <= 2^48 (bytes of one GPU), b <= 10^6: the product fits in int64.
+	return a * b / c
+}
+
+// ChargeResult is the real charge of one allocated device: the consumed
+// memory of a share, the whole device otherwise. Admin-access results and
+// other drivers' devices charge nothing. A device no longer published is
+// charged by its name where possible (a whole GPU as 1 GPU).
+func (c *Catalog) ChargeResult(r *resourceapi.DeviceRequestAllocationResult) queue.Vector {
+	if r.Driver != c.Driver || ptr.Deref(r.AdminAccess, false) {
+		return queue.Vector{}
+	}
+	consumed, hasConsumed := r.ConsumedCapacity[devicemodel.CapMemory]
+	d := c.Lookup(r.Pool, r.Device)
+	if d == nil {
+		var v queue.Vector
+		if hasConsumed {
+			v[queue.Memory] = consumed.Value()
+		}
+		if n, err := devicemodel.ParseName(r.Device); err == nil && n.Type == devicemodel.TypeGPU && !hasConsumed {
+			v[queue.GPUs] = queue.GPU
+		}
+		return v
+	}
+	if d.Shareable && hasConsumed {
+		return d.shareCharge(consumed.Value())
+	}
+	return d.wholeCharge()
+}
+
+// ChargeAllocation sums ChargeResult over an allocation.
+func (c *Catalog) ChargeAllocation(a *resourceapi.AllocationResult) queue.Vector {
+	var v queue.Vector
+	if a == nil {
+		return v
+	}
+	for i := range a.Devices.Results {
+		v = v.Add(c.ChargeResult(&a.Devices.Results[i]))
+	}
+	return v
+}
+
+// BadInputError is a claim problem that waiting will not fix: a request for
+// another driver's device class, a class that does not exist.
+type BadInputError struct{ Msg string }
+
+func (e *BadInputError) Error() string { return e.Msg }
+
+// EstimateClaim estimates what a claim will be charged before it is
+// allocated, conservatively: per request, the largest charge over the
+// device shapes published in the cluster that the class and the request's
+// selectors match, times the count (firstAvailable: the largest
+// alternative). It fails with a *BadInputError for requests of other
+// drivers' classes and with a plain error when no published device matches
+// (yet).
+func (c *Catalog) EstimateClaim(ctx context.Context, claimName string, spec *resourceapi.ResourceClaimSpec) (queue.Vector, error) {
+	var total queue.Vector
+	for _, req := range spec.Devices.Requests {
+		var v queue.Vector
+		switch {
+		case req.Exactly != nil:
+			est, err := c.estimateRequest(ctx, claimName, req.Name, req.Exactly.DeviceClassName, req.Exactly.Selectors,
+				req.Exactly.AllocationMode, req.Exactly.Count, req.Exactly.Capacity, ptr.Deref(req.Exactly.AdminAccess, false))
+			if err != nil {
+				return queue.Vector{}, err
+			}
+			v = est
+		case len(req.FirstAvailable) > 0:
+			var errs []error
+			found := false
+			for _, sub := range req.FirstAvailable {
+				est, err := c.estimateRequest(ctx, claimName, req.Name+"/"+sub.Name, sub.DeviceClassName, sub.Selectors,
+					sub.AllocationMode, sub.Count, sub.Capacity, false)
+				if bad, ok := err.(*BadInputError); ok {
+					return queue.Vector{}, bad
+				}
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				found = true
+				v = v.Max(est)
+			}
+			if !found && len(errs) > 0 {
+				return queue.Vector{}, errs[0]
+			}
+		}
+		total = total.Add(v)
+	}
+	return total, nil
+}
+
+func (c *Catalog) estimateRequest(ctx context.Context, claimName, reqName, className string, selectors []resourceapi.DeviceSelector,
+	mode resourceapi.DeviceAllocationMode, count int64, capacity *resourceapi.CapacityRequirements, adminAccess bool) (queue.Vector, error) {
+	dc := c.classes[className]
+	if dc == nil {
+		return queue.Vector{}, &BadInputError{fmt.Sprintf("claim %s request %s: device class %q does not exist", claimName, reqName, className)}
+	}
+	if !c.IsOurClass(dc) {
+		return queue.Vector{}, &BadInputError{fmt.Sprintf("claim %s request %s: device class %s is not a %s class (a claim for another driver)", claimName, reqName, className, c.Driver)}
+	}
+	if adminAccess {
+		return queue.Vector{}, nil
+	}
+	var share int64 = -1
+	if capacity != nil {
+		if q, ok := capacity.Requests[devicemodel.CapMemory]; ok {
+			share = q.Value()
+		}
+	}
+	var best queue.Vector
+	matched := false
+	for _, d := range c.shapes {
+		if !c.matches(ctx, d, dc.Spec.Selectors) || !c.matches(ctx, d, selectors) {
+			continue
+		}
+		matched = true
+		if share >= 0 && d.Shareable {
+			best = best.Max(d.shareCharge(d.roundShare(share)))
+		} else {
+			best = best.Max(d.wholeCharge())
+		}
+	}
+	if !matched {
+		return queue.Vector{}, fmt.Errorf("claim %s request %s: no published %s device matches class %s and the request's selectors", claimName, reqName, c.Driver, className)
+	}
+	if mode == resourceapi.DeviceAllocationModeAll {
+		// All matching devices of one node: the largest node's.
+		var most queue.Vector
+		for _, devs := range c.perNode {
+			var sum queue.Vector
+			for _, d := range devs {
+				if c.matches(ctx, d, dc.Spec.Selectors) && c.matches(ctx, d, selectors) {
+					sum = sum.Add(d.wholeCharge())
+				}
+			}
+			most = most.Max(sum)
+		}
+		return most, nil
+	}
+	n := max(count, 1)
+	return queue.Vector{queue.Memory: best[queue.Memory] * n, queue.GPUs: best[queue.GPUs] * n}, nil
+}
+
+// matches evaluates CEL selectors against a device; a selector that fails
+// to evaluate (e.g. it uses derived attributes) counts as a match, which
+// keeps the estimate conservative.
+func (c *Catalog) matches(ctx context.Context, d *Device, selectors []resourceapi.DeviceSelector) bool {
+	for _, s := range selectors {
+		if s.CEL == nil {
+			continue
+		}
+		res := c.cache.GetOrCompile(s.CEL.Expression)
+		if res.Error != nil {
+			continue
+		}
+		ok, _, err := res.DeviceMatches(ctx, d.cel)
+		if err == nil && !ok {
+			return false
+		}
+	}
+	return true
+}

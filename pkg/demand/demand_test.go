@@ -1,0 +1,192 @@
+package demand_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/demand"
+	"github.com/tessera-dev/tessera/pkg/queue"
+)
+
+const mib = int64(1) << 20
+
+// H100 figures of the mock: 81559 MiB, 256 MiB reserved.
+const h100Usable = (81559 - 256) * mib
+
+func node(t *testing.T, name string, o admissiontest.NodeOptions) []*resourceapi.ResourceSlice {
+	t.Helper()
+	s, err := admissiontest.NodeSlices(name, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestCapacity(t *testing.T) {
+	slices := append(node(t, "n1", admissiontest.NodeOptions{Profile: "dgxh100"}), node(t, "n2", admissiontest.NodeOptions{Profile: "h100-80gb:2", TimeSlices: 4})...)
+	slices = append(slices, node(t, "n3", admissiontest.NodeOptions{Profile: "h100-80gb:1", MIG: true})...)
+	c := demand.NewCatalog(slices, admissiontest.Classes(), cel.NewCache(10, cel.Features{}))
+	got := c.Capacity()
+	// A MIG GPU counts its largest profile (7g.80gb: 80896 MiB).
+	want := queue.Vector{queue.Memory: 10*h100Usable + 80896*mib, queue.GPUs: 11 * queue.GPU}
+	if got != want {
+		t.Errorf("capacity %v, want %v", got, want)
+	}
+}
+
+// TestEstimateMatchesAllocation estimates claims, allocates them with the
+// scheduler's allocator and checks that the real charge of the allocation
+// is the estimate, for every kind of device.
+func TestEstimateMatchesAllocation(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name     string
+		node     admissiontest.NodeOptions
+		reqs     []admissiontest.Request
+		want     queue.Vector
+		wantDevs int
+	}{
+		{"whole GPU", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{}},
+			queue.Vector{queue.Memory: h100Usable, queue.GPUs: queue.GPU}, 1},
+		{"two whole GPUs", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{Count: 2}},
+			queue.Vector{queue.Memory: 2 * h100Usable, queue.GPUs: 2 * queue.GPU}, 2},
+		{"8Gi share", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{Memory: "8Gi"}},
+			queue.Vector{queue.Memory: 8192 * mib, queue.GPUs: 8192 * mib * queue.GPU / h100Usable}, 1},
+		{"share rounded up to 256Mi", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{Memory: "100Mi"}},
+			queue.Vector{queue.Memory: 256 * mib, queue.GPUs: 256 * mib * queue.GPU / h100Usable}, 1},
+		{"time slice of 4", admissiontest.NodeOptions{Profile: "h100-80gb:2", TimeSlices: 4}, []admissiontest.Request{{Class: "timeslice.tessera.dev"}},
+			queue.Vector{queue.Memory: (h100Usable / 4) &^ (mib - 1), queue.GPUs: queue.GPU / 4}, 1},
+		{"MIG 3g.40gb", admissiontest.NodeOptions{Profile: "h100-80gb:1", MIG: true},
+			[]admissiontest.Request{{Class: "mig.tessera.dev", Selector: `device.attributes["gpu.tessera.dev"].migProfile == "3g.40gb"`}},
+			queue.Vector{queue.Memory: 40192 * mib, queue.GPUs: 3 * queue.GPU / 7}, 1},
+		{"share and MIG-free GPU in one claim", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{Memory: "10Gi"}, {}},
+			queue.Vector{queue.Memory: 10240*mib + h100Usable, queue.GPUs: 10240*mib*queue.GPU/h100Usable + queue.GPU}, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			slices := node(t, "n1", tc.node)
+			classes := admissiontest.Classes()
+			cat := demand.NewCatalog(slices, classes, cel.NewCache(10, cel.Features{}))
+			claim := admissiontest.Claim("ns", "c", tc.reqs...)
+			est, err := cat.EstimateClaim(ctx, "c", &claim.Spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if est != tc.want {
+				t.Errorf("estimate %v (%v), want %v (%v)", est, est[:], tc.want, tc.want[:])
+			}
+			alloc := allocation.NewAllocator(slices, classes)
+			res, err := alloc.Allocate(ctx, admissiontest.Node("n1"), allocation.NewState(), claim)
+			if err != nil || res == nil {
+				t.Fatalf("allocate: %v %v", res, err)
+			}
+			if n := len(res[0].Devices.Results); n != tc.wantDevs {
+				t.Errorf("allocated %d devices, want %d", n, tc.wantDevs)
+			}
+			if real := cat.ChargeAllocation(&res[0]); real != tc.want {
+				t.Errorf("charge of the allocation %v, want %v", real, tc.want)
+			}
+		})
+	}
+}
+
+func TestEstimateErrors(t *testing.T) {
+	ctx := context.Background()
+	other := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}}}}
+	cat := demand.NewCatalog(node(t, "n1", admissiontest.NodeOptions{Profile: "dgxh100"}), append(admissiontest.Classes(), other), cel.NewCache(10, cel.Features{}))
+	tests := []struct {
+		name    string
+		req     admissiontest.Request
+		bad     bool
+		message string
+	}{
+		{"another driver", admissiontest.Request{Class: "nic.example.com"}, true, "device class nic.example.com is not a gpu.tessera.dev class (a claim for another driver)"},
+		{"unknown class", admissiontest.Request{Class: "nope"}, true, `device class "nope" does not exist`},
+		{"nothing matches yet", admissiontest.Request{Class: "mig.tessera.dev"}, false, "no published gpu.tessera.dev device matches class mig.tessera.dev"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			claim := admissiontest.Claim("ns", "c", tc.req)
+			_, err := cat.EstimateClaim(ctx, "c", &claim.Spec)
+			var bad *demand.BadInputError
+			if err == nil || errors.As(err, &bad) != tc.bad || !strings.Contains(err.Error(), tc.message) {
+				t.Errorf("err = %v (bad input %v), want %q (bad input %v)", err, errors.As(err, &bad), tc.message, tc.bad)
+			}
+		})
+	}
+}
+
+func TestChargeOfSharesIsConsumedCapacity(t *testing.T) {
+	ctx := context.Background()
+	slices := node(t, "n1", admissiontest.NodeOptions{Profile: "h100-80gb:1"})
+	classes := admissiontest.Classes()
+	cat := demand.NewCatalog(slices, classes, cel.NewCache(10, cel.Features{}))
+	alloc := allocation.NewAllocator(slices, classes)
+	state := allocation.NewState()
+	var total queue.Vector
+	for i, size := range []string{"20Gi", "20Gi", "30Gi"} {
+		claim := admissiontest.Claim("ns", "c"+string(rune('a'+i)), admissiontest.Request{Memory: size})
+		res, err := alloc.Allocate(ctx, admissiontest.Node("n1"), state, claim)
+		if err != nil || res == nil {
+			t.Fatalf("share %d: %v %v", i, res, err)
+		}
+		state.Add(&res[0])
+		total = total.Add(cat.ChargeAllocation(&res[0]))
+	}
+	if total[queue.Memory] != 70*1024*mib {
+		t.Errorf("three shares on one GPU charge %s, want 70Gi", queue.FormatAmount(queue.Memory, total[queue.Memory]))
+	}
+	// A fourth 20Gi share does not fit on the 79.4Gi GPU.
+	res, _ := alloc.Allocate(ctx, admissiontest.Node("n1"), state, admissiontest.Claim("ns", "cd", admissiontest.Request{Memory: "20Gi"}))
+	if res != nil {
+		t.Error("a fourth 20Gi share fit")
+	}
+}
+
+type objs struct {
+	claims    map[string]*resourceapi.ResourceClaim
+	templates map[string]*resourceapi.ResourceClaimTemplate
+}
+
+func (o objs) Claim(ns, name string) *resourceapi.ResourceClaim { return o.claims[ns+"/"+name] }
+func (o objs) Template(ns, name string) *resourceapi.ResourceClaimTemplate {
+	return o.templates[ns+"/"+name]
+}
+
+func TestPodClaims(t *testing.T) {
+	shared := admissiontest.Claim("ns", "shared", admissiontest.Request{Memory: "8Gi"})
+	gen := admissiontest.Claim("ns", "p-t0-abc", admissiontest.Request{})
+	o := objs{
+		claims:    map[string]*resourceapi.ResourceClaim{"ns/shared": shared, "ns/p-t0-abc": gen},
+		templates: map[string]*resourceapi.ResourceClaimTemplate{"ns/tmpl": admissiontest.Template("ns", "tmpl", admissiontest.Request{})},
+	}
+	p := admissiontest.Pod("ns", "p", admissiontest.PodOptions{Templates: []string{"tmpl"}, Claims: []string{"shared"}})
+	pcs, err := demand.PodClaims(p, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pcs) != 2 || pcs[0].Exists || pcs[0].Key != "pod:uid-pod-ns-p/t0" || pcs[1].Key != "claim:ns/shared" || !pcs[1].Exists {
+		t.Errorf("unexpected claims %+v", pcs)
+	}
+	// Once the resourceclaim controller made the claim, it is used.
+	p.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "t0", ResourceClaimName: ptr.To("p-t0-abc")}}
+	pcs, _ = demand.PodClaims(p, o)
+	if !pcs[0].Exists || pcs[0].Claim != gen || pcs[0].Key != "pod:uid-pod-ns-p/t0" {
+		t.Errorf("generated claim not used: %+v", pcs[0])
+	}
+	p2 := admissiontest.Pod("ns", "p2", admissiontest.PodOptions{Templates: []string{"missing"}})
+	if _, err := demand.PodClaims(p2, o); err == nil || !strings.Contains(err.Error(), "ResourceClaimTemplate missing does not exist") {
+		t.Errorf("missing template: %v", err)
+	}
+}
