@@ -40,6 +40,28 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("kubelet reports version %q, want %q", v, localcluster.KubernetesVersion)
 	}
 
+	// The APIs the project builds on are served: DRA (GA) and the gang
+	// scheduling API, which is off unless the harness turns it on.
+	for gv, kinds := range map[string][]string{
+		"resource.k8s.io/v1":        {"ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass"},
+		"scheduling.k8s.io/v1beta1": {"Workload", "PodGroup"},
+	} {
+		list, err := cluster.Client.Discovery().ServerResourcesForGroupVersion(gv)
+		if err != nil {
+			t.Errorf("%s not served: %v", gv, err)
+			continue
+		}
+		served := map[string]bool{}
+		for _, r := range list.APIResources {
+			served[r.Kind] = true
+		}
+		for _, k := range kinds {
+			if !served[k] {
+				t.Errorf("%s does not serve %s", gv, k)
+			}
+		}
+	}
+
 	ok, err := cluster.ImagePresent(ctx, localcluster.BusyboxImage)
 	if err != nil || !ok {
 		t.Fatalf("%s not in containerd (err %v)", localcluster.BusyboxImage, err)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -290,6 +291,9 @@ func (c *Cluster) up(ctx context.Context) error {
 		return fmt.Errorf("busybox image: %w", err)
 	}
 
+	if err := checkPortsFree(); err != nil {
+		return err
+	}
 	env := []string{c.hostPath()}
 	if err := c.start(compEtcd, c.Bin.Etcd, []string{
 		"--name=default",
@@ -497,6 +501,25 @@ func (c *Cluster) waitFor(ctx context.Context, what string, timeout time.Duratio
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// checkPortsFree fails when a fixed port is taken by a process that is not
+// this cluster's (teardown has already stopped ours).
+func checkPortsFree() error {
+	var busy []string
+	for _, p := range []int{EtcdClientPort, EtcdPeerPort, EtcdMetricsPort, APIServerPort,
+		ControllerManagerPort, SchedulerPort, KubeletPort, KubeletHealthzPort} {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			busy = append(busy, fmt.Sprint(p))
+			continue
+		}
+		l.Close()
+	}
+	if len(busy) > 0 {
+		return fmt.Errorf("127.0.0.1 ports %s are in use by processes that are not this cluster's (another cluster on this machine? see `ss -ltnp`)", strings.Join(busy, ", "))
+	}
+	return nil
 }
 
 func httpGet(url string, tlsConfig *tls.Config) (string, error) {
