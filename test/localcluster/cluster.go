@@ -225,7 +225,9 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	start := time.Now()
 	if err := c.Down(); err != nil {
-		return nil, fmt.Errorf("teardown before bring-up: %w", err)
+		// What a previous run left is gone even so (teardown goes on past
+		// errors); whatever still stands in the way fails the bring-up below.
+		c.logf("teardown before bring-up reported: %v", err)
 	}
 	if err := c.up(ctx); err != nil {
 		if ctx.Err() != nil {
