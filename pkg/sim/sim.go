@@ -115,8 +115,31 @@ type simNode struct {
 	state  *allocation.State
 	inv    *discover.Inventory
 	usable map[int]uint64
-	free   uint64 // upper bound on memory still free
-	mig    bool
+	// free is each GPU's memory not yet held by a pod; it rules out nodes
+	// before the (much more expensive) allocator runs.
+	free map[int]uint64
+	mig  bool
+}
+
+// mayFit is a necessary condition for the job to fit on the node.
+func (n *simNode) mayFit(policy Policy, job Job) bool {
+	for g, free := range n.free {
+		switch policy {
+		case WholeGPU:
+			if free == n.usable[g] && free >= job.Request {
+				return true
+			}
+		case TimeSlice4:
+			if free >= devicemodel.TimeSliceMemory(n.usable[g], 4) {
+				return true
+			}
+		default:
+			if free >= max(job.Request, devicemodel.MinShareMemory) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Run places jobs in order; each job goes to the first node where the
@@ -145,7 +168,7 @@ func Run(ctx context.Context, groups []NodeGroup, jobs []Job, policy Policy) (Re
 		claim := claimFor(policy, job, i, migSizes)
 		placed := false
 		for ni, n := range nodes {
-			if n.free < job.Request && policy != TimeSlice4 {
+			if !n.mayFit(policy, job) {
 				continue
 			}
 			results, err := n.alloc.Allocate(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, n.state, claim)
@@ -162,7 +185,7 @@ func Run(ctx context.Context, groups []NodeGroup, jobs []Job, policy Policy) (Re
 				return res, err
 			}
 			held := heldMemory(n, r)
-			n.free -= min(n.free, held)
+			n.free[name.Index] -= min(n.free[name.Index], held)
 			key := gpuKey{ni, name.Index}
 			usage[key] += job.Usage
 			podsOn[key]++
@@ -217,7 +240,7 @@ func newNode(ctx context.Context, name, profile string, policy Policy, classes a
 	if err != nil {
 		return nil, err
 	}
-	n := &simNode{name: name, inv: inv, usable: map[int]uint64{}, state: allocation.NewState(), mig: mig,
+	n := &simNode{name: name, inv: inv, usable: map[int]uint64{}, free: map[int]uint64{}, state: allocation.NewState(), mig: mig,
 		alloc: allocation.NewAllocator(publish.ResourceSlices(name, built), classes)}
 	for _, g := range inv.GPUs {
 		u, err := devicemodel.UsableMemory(g, cfg.ReservedMemory)
@@ -228,7 +251,7 @@ func newNode(ctx context.Context, name, profile string, policy Policy, classes a
 			u = g.MemoryBytes
 		}
 		n.usable[g.Index] = u
-		n.free += u
+		n.free[g.Index] = u
 	}
 	return n, nil
 }
