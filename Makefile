@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz vet fmt demo print-slices clean help
+.PHONY: all build test unit fuzz vet fmt demo print-slices bench bench-smoke clean help
 
 all: build
 
@@ -18,8 +18,8 @@ build:
 	$(GO) build -o $(BIN)/kubelet-plugin ./cmd/kubelet-plugin
 	$(GO) build -o $(BIN)/controller ./cmd/controller
 
-## test: vet, unit tests with -race, bounded fuzzing, end-to-end tests
-test: vet unit fuzz e2e
+## test: vet, unit tests with -race, bounded fuzzing, a short benchmark run, end-to-end tests
+test: vet unit fuzz bench-smoke e2e
 
 ## vet: go vet and gofmt check
 vet:
@@ -46,6 +46,14 @@ print-slices:
 
 ## demo: the main job
 demo: print-slices
+
+## bench: run every benchmark, regenerate docs/benchmarks.md and its plots (< 15 min)
+bench:
+	$(GO) run ./hack/bench
+
+## bench-smoke: the same with a small trace and one iteration each, so benchmarks cannot rot
+bench-smoke:
+	$(GO) run ./hack/bench --short
 
 ## clean: remove build outputs
 clean:
