@@ -1,0 +1,406 @@
+// Package enforce turns what a claim was ALLOCATED (consumed capacity, the
+// memory of a time-slice partition or MIG device) into the container
+// environment and mounts that enforce it, never what the pod asked for.
+//
+// Per visible device the effective mode is:
+//   - mig: a MIG device; the hardware isolates it, nothing to set;
+//   - exclusive: a whole GPU (the share consumed all usable memory), nobody
+//     else can be placed on it, nothing to set;
+//   - interposer: HAMi-core compatible variables (CUDA_DEVICE_MEMORY_LIMIT_<i>
+//     in MiB with the single suffix "m", CUDA_DEVICE_SM_LIMIT_<i>) and a fresh
+//     CUDA_DEVICE_MEMORY_SHARED_CACHE per claim and share; the node's
+//     interposer library is mounted and preloaded when it has one;
+//   - mps: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (<i>=<MiB>M) and
+//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, plus the pipe directory of the GPU's
+//     MPS daemon when one runs;
+//   - none: nothing enforces the limit; it is only accounted and told.
+//
+// "auto" (the default) resolves to interposer when the node has an
+// interposer library, else to mps when an MPS daemon serves the GPU, else to
+// none. TESSERA_* variables always tell the workload its mode, devices,
+// limits and what actually enforces them.
+package enforce
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
+)
+
+// Mode is the effective enforcement mode of one visible device.
+type Mode string
+
+// Effective modes.
+const (
+	ModeMIG        Mode = "mig"
+	ModeExclusive  Mode = "exclusive"
+	ModeInterposer Mode = "interposer"
+	ModeMPS        Mode = "mps"
+	ModeNone       Mode = "none"
+)
+
+// Level says what actually enforces a device's limits.
+type Level string
+
+// Enforcement levels, as TESSERA_ENFORCED reports them.
+const (
+	// Hard: hardware partition (MIG) or an exclusive whole GPU.
+	Hard Level = "hard"
+	// Interposer: the node's CUDA interposer is preloaded (cooperative,
+	// user space).
+	Interposer Level = "interposer"
+	// MPS: an MPS daemon serves the GPU and the client limits are set (per
+	// process, not per container).
+	MPS Level = "mps"
+	// Advisory: nothing on the node enforces the limit; the variables tell
+	// the workload (and framework caps, when opted in, ask the framework).
+	Advisory Level = "advisory"
+)
+
+// Container paths of what the plugin mounts.
+const (
+	// InterposerDir holds the node's interposer library in the container.
+	InterposerDir = "/usr/local/tessera/lib"
+	// AccountingRoot holds per-claim accounting directories.
+	AccountingRoot = "/run/tessera"
+	// MPSPipeDir is where the MPS daemon's pipe directory is mounted.
+	MPSPipeDir = "/tmp/nvidia-mps"
+)
+
+// Variables the plugin sets. The formats are what the consumers parse.
+const (
+	EnvNvidiaVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	EnvCudaVisibleDevices   = "CUDA_VISIBLE_DEVICES"
+	EnvMemoryLimitPrefix    = "CUDA_DEVICE_MEMORY_LIMIT_"
+	EnvSMLimitPrefix        = "CUDA_DEVICE_SM_LIMIT_"
+	EnvSharedCache          = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+	EnvLDPreload            = "LD_PRELOAD"
+	EnvMPSPinnedMem         = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	EnvMPSThreads           = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+	EnvMPSPipe              = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvPyTorchAllocConf     = "PYTORCH_CUDA_ALLOC_CONF"
+	EnvXLAFraction          = "XLA_CLIENT_MEM_FRACTION"
+	EnvXLAPythonFraction    = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+	EnvTesseraMode          = "TESSERA_MODE"
+	EnvTesseraEnforced      = "TESSERA_ENFORCED"
+	EnvTesseraDevice        = "TESSERA_DEVICE"
+	EnvTesseraUUID          = "TESSERA_UUID"
+	EnvTesseraMemoryLimit   = "TESSERA_MEMORY_LIMIT"
+	EnvTesseraComputeLimit  = "TESSERA_COMPUTE_LIMIT"
+	EnvTesseraClaim         = "TESSERA_CLAIM"
+)
+
+// maxInterposerDevices is how many per-device variables the interposer reads.
+const maxInterposerDevices = 16
+
+// Node is what the node offers for enforcement.
+type Node struct {
+	// InterposerLibrary is the host path of a HAMi-core compatible
+	// interposer (--interposer-library); empty when the node has none.
+	InterposerLibrary string
+	// MPSPipeDir is the host directory of the node's MPS control daemons
+	// (--mps-pipe-dir): a GPU is served when <dir>/<gpu-uuid>/control or,
+	// for a daemon serving all GPUs, <dir>/control exists.
+	MPSPipeDir string
+}
+
+// mpsDaemon returns the pipe directory of the MPS daemon serving a GPU.
+func (n Node) mpsDaemon(gpuUUID string) (string, bool) {
+	if n.MPSPipeDir == "" {
+		return "", false
+	}
+	for _, dir := range []string{filepath.Join(n.MPSPipeDir, gpuUUID), n.MPSPipeDir} {
+		if _, err := os.Stat(filepath.Join(dir, "control")); err == nil {
+			return dir, true
+		}
+	}
+	return "", false
+}
+
+// Allocation is one allocated device of a claim (one allocation result).
+type Allocation struct {
+	Request string
+	// Device is the published device name (gpu-0, gpu-0-ts-1, ...).
+	Device string
+	// Type is devicemodel.TypeGPU, TypeTimeSlice or TypeMIG.
+	Type string
+	// UUID is what CUDA addresses: the GPU's or the MIG device's UUID.
+	UUID string
+	// GPUUUID is the physical GPU's UUID (for MPS daemons).
+	GPUUUID string
+	// Memory is the allocated memory in bytes: consumedCapacity.memory of a
+	// share, the partition's memory for a time slice or MIG device.
+	Memory uint64
+	// Cores is the allocated compute percent; 0 means no cap.
+	Cores int
+	// Whole is set when the allocation leaves nothing of the GPU to others.
+	Whole bool
+	// ReportedTotal is the memory CUDA reports for the device without an
+	// interposer: the GPU's total, or the MIG device's.
+	ReportedTotal uint64
+	// Config is the effective, normalized configuration.
+	Config *v1alpha1.GpuConfig
+}
+
+// Claim identifies the claim being prepared.
+type Claim struct {
+	Namespace, Name, UID string
+	// ShareKey identifies this allocation of the claim (its share IDs); it
+	// makes the accounting file path fresh for every allocation.
+	ShareKey string
+}
+
+// Visible is one device as the container sees it, at CUDA index Index.
+type Visible struct {
+	Index    int
+	Devices  []string
+	UUID     string
+	Mode     Mode
+	Enforced Level
+	Memory   uint64
+	Cores    int
+	Note     string
+}
+
+// Result is what a claim's containers get.
+type Result struct {
+	Env     []string
+	Mounts  []*cdispec.Mount
+	Visible []Visible
+	// AccountingDir is the host directory to create fresh for the
+	// interposer's shared cache; empty when no device uses the interposer.
+	AccountingDir string
+}
+
+// Plan computes the environment and mounts for a claim. accountingHostDir
+// is where the claim's fresh accounting directory lives on the host.
+func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string) (*Result, error) {
+	visible, err := merge(allocs)
+	if err != nil {
+		return nil, err
+	}
+	if len(visible) > maxInterposerDevices {
+		return nil, fmt.Errorf("claim has %d devices; at most %d per claim are supported", len(visible), maxInterposerDevices)
+	}
+	res := &Result{}
+	var (
+		uuids, modes, levels, names, mems, cores []string
+		interposer, preload                      bool
+		mpsPinned                                []string
+		mpsThreads                               = 0
+		mpsDir                                   string
+		fraction                                 = math.Inf(1)
+		wantCaps                                 = map[v1alpha1.FrameworkCap]bool{}
+		perDevice                                []string
+	)
+	for i := range visible {
+		v := &visible[i]
+		a := v.alloc
+		v.Index = i
+		mode := effectiveMode(a, node)
+		v.Mode, v.Enforced = mode, Advisory
+		reported := a.ReportedTotal
+		mib := a.Memory >> 20
+		switch mode {
+		case ModeMIG, ModeExclusive:
+			v.Enforced = Hard
+		case ModeInterposer:
+			interposer = true
+			perDevice = append(perDevice, fmt.Sprintf("%s%d=%dm", EnvMemoryLimitPrefix, i, mib))
+			if a.Cores > 0 && a.Cores < 100 {
+				perDevice = append(perDevice, fmt.Sprintf("%s%d=%d", EnvSMLimitPrefix, i, a.Cores))
+			}
+			if node.InterposerLibrary != "" {
+				preload = true
+				v.Enforced = Interposer
+				// The interposer reports the cap as the device's total.
+				reported = a.Memory
+			} else {
+				v.Note = "the node has no interposer library (--interposer-library); the limits take effect only if the image preloads one"
+			}
+		case ModeMPS:
+			mpsPinned = append(mpsPinned, fmt.Sprintf("%d=%dM", i, mib))
+			if a.Cores > 0 && a.Cores < 100 && (mpsThreads == 0 || a.Cores < mpsThreads) {
+				mpsThreads = a.Cores
+			}
+			if dir, ok := node.mpsDaemon(a.GPUUUID); ok {
+				if mpsDir != "" && mpsDir != dir {
+					return nil, fmt.Errorf("devices %s are served by different MPS daemons (%s and %s); one claim in mps mode can use only one daemon", strings.Join(deviceNames(visible), ", "), mpsDir, dir)
+				}
+				mpsDir = dir
+				v.Enforced = MPS
+			} else {
+				v.Note = "no MPS daemon serves this GPU (--mps-pipe-dir); the MPS limits take effect only under a daemon"
+			}
+		}
+		for _, fc := range a.Config.FrameworkCaps {
+			wantCaps[fc] = true
+		}
+		if reported > 0 {
+			fraction = min(fraction, float64(a.Memory)/float64(reported))
+		}
+		uuids = append(uuids, v.UUID)
+		modes = append(modes, string(v.Mode))
+		levels = append(levels, string(v.Enforced))
+		names = append(names, strings.Join(v.Devices, "+"))
+		mems = append(mems, strconv.FormatUint(a.Memory, 10))
+		c := a.Cores
+		if c == 0 || v.Mode == ModeMIG || v.Mode == ModeExclusive {
+			c = 100
+		}
+		v.Memory, v.Cores = a.Memory, c
+		cores = append(cores, strconv.Itoa(c))
+	}
+	env := []string{
+		EnvNvidiaVisibleDevices + "=" + strings.Join(uuids, ","),
+		EnvCudaVisibleDevices + "=" + strings.Join(uuids, ","),
+	}
+	env = append(env, perDevice...)
+	if interposer {
+		res.AccountingDir = accountingHostDir
+		containerDir := path.Join(AccountingRoot, claim.UID)
+		env = append(env, fmt.Sprintf("%s=%s/vgpu-%s.cache", EnvSharedCache, containerDir, claim.ShareKey))
+		res.Mounts = append(res.Mounts, &cdispec.Mount{
+			HostPath:      accountingHostDir,
+			ContainerPath: containerDir,
+			Options:       []string{"rw", "nosuid", "nodev", "bind"},
+		})
+	}
+	if preload {
+		lib := path.Join(InterposerDir, filepath.Base(node.InterposerLibrary))
+		env = append(env, EnvLDPreload+"="+lib)
+		res.Mounts = append(res.Mounts, &cdispec.Mount{
+			HostPath:      node.InterposerLibrary,
+			ContainerPath: lib,
+			Options:       []string{"ro", "nosuid", "nodev", "bind"},
+		})
+	}
+	if len(mpsPinned) > 0 {
+		env = append(env, EnvMPSPinnedMem+"="+strings.Join(mpsPinned, ","))
+		if mpsThreads > 0 {
+			env = append(env, fmt.Sprintf("%s=%d", EnvMPSThreads, mpsThreads))
+		}
+		if mpsDir != "" {
+			env = append(env, EnvMPSPipe+"="+MPSPipeDir)
+			res.Mounts = append(res.Mounts, &cdispec.Mount{
+				HostPath:      mpsDir,
+				ContainerPath: MPSPipeDir,
+				Options:       []string{"rw", "nosuid", "nodev", "bind"},
+			})
+		}
+	}
+	if !math.IsInf(fraction, 1) {
+		f := formatFraction(fraction)
+		if wantCaps[v1alpha1.FrameworkCapPyTorch] {
+			env = append(env, EnvPyTorchAllocConf+"=per_process_memory_fraction:"+f)
+		}
+		if wantCaps[v1alpha1.FrameworkCapXLA] {
+			env = append(env, EnvXLAFraction+"="+f, EnvXLAPythonFraction+"="+f)
+		}
+	}
+	env = append(env,
+		EnvTesseraClaim+"="+claim.Namespace+"/"+claim.Name,
+		EnvTesseraDevice+"="+strings.Join(names, ","),
+		EnvTesseraUUID+"="+strings.Join(uuids, ","),
+		EnvTesseraMode+"="+strings.Join(modes, ","),
+		EnvTesseraEnforced+"="+strings.Join(levels, ","),
+		EnvTesseraMemoryLimit+"="+strings.Join(mems, ","),
+		EnvTesseraComputeLimit+"="+strings.Join(cores, ","),
+	)
+	res.Env = env
+	for _, v := range visible {
+		res.Visible = append(res.Visible, v.Visible)
+	}
+	return res, nil
+}
+
+// formatFraction rounds down to three decimals so a cap never exceeds the
+// allocation.
+func formatFraction(f float64) string {
+	f = math.Floor(min(f, 1)*1000) / 1000
+	return strconv.FormatFloat(f, 'f', 3, 64)
+}
+
+func effectiveMode(a Allocation, node Node) Mode {
+	switch {
+	case a.Type == devicemodel.TypeMIG:
+		return ModeMIG
+	case a.Whole:
+		return ModeExclusive
+	}
+	switch a.Config.Enforcement {
+	case v1alpha1.EnforcementNone:
+		return ModeNone
+	case v1alpha1.EnforcementInterposer:
+		return ModeInterposer
+	case v1alpha1.EnforcementMPS:
+		return ModeMPS
+	}
+	// auto
+	if node.InterposerLibrary != "" {
+		return ModeInterposer
+	}
+	if _, ok := node.mpsDaemon(a.GPUUUID); ok {
+		return ModeMPS
+	}
+	return ModeNone
+}
+
+type visibleDevice struct {
+	Visible
+	alloc Allocation
+}
+
+// merge folds allocations on the same CUDA device (two shares of one GPU
+// in one claim) into one visible device whose limits are the sums.
+func merge(allocs []Allocation) ([]visibleDevice, error) {
+	var out []visibleDevice
+	byUUID := map[string]int{}
+	for _, a := range allocs {
+		if a.Config == nil {
+			return nil, fmt.Errorf("device %s: no configuration", a.Device)
+		}
+		i, ok := byUUID[a.UUID]
+		if !ok {
+			byUUID[a.UUID] = len(out)
+			out = append(out, visibleDevice{Visible: Visible{Devices: []string{a.Device}, UUID: a.UUID}, alloc: a})
+			continue
+		}
+		v := &out[i]
+		if v.alloc.Config.Enforcement != a.Config.Enforcement {
+			return nil, fmt.Errorf("requests %s and %s share device %s but ask for different enforcement (%s and %s): use one",
+				v.alloc.Request, a.Request, a.Device, v.alloc.Config.Enforcement, a.Config.Enforcement)
+		}
+		v.alloc.Memory += a.Memory
+		if v.alloc.Cores == 0 || a.Cores == 0 {
+			v.alloc.Cores = 0
+		} else {
+			v.alloc.Cores = min(100, v.alloc.Cores+a.Cores)
+		}
+		v.alloc.Whole = v.alloc.Whole || a.Whole
+		merged := v.alloc.Config.Merge(&v1alpha1.GpuConfig{FrameworkCaps: append(append([]v1alpha1.FrameworkCap(nil), v.alloc.Config.FrameworkCaps...), a.Config.FrameworkCaps...)})
+		merged.Normalize()
+		v.alloc.Config = merged
+		if a.Device != v.Devices[len(v.Devices)-1] {
+			v.Devices = append(v.Devices, a.Device)
+		}
+	}
+	return out, nil
+}
+
+func deviceNames(v []visibleDevice) []string {
+	var out []string
+	for _, d := range v {
+		out = append(out, d.Devices...)
+	}
+	return out
+}
