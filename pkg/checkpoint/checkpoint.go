@@ -1,0 +1,263 @@
+// Package checkpoint keeps what the kubelet plugin prepared, durably: one
+// file per claim under the plugin data directory, written atomically (temp
+// file, fsync, rename, fsync of the directory) with a checksum and the
+// node's boot ID. A claim's file records its state (PrepareStarted while
+// prepare makes changes that cannot be found again by name, such as MIG
+// instances or a GPU's time slice; PrepareCompleted once the kubelet may
+// use the result) and everything needed to undo it.
+//
+// One file per claim keeps writes small and independent, so claims prepare
+// in parallel, and confines damage: a corrupt file costs one claim's
+// record, which the plugin rebuilds from the API server and the CDI spec on
+// disk, instead of the whole node's.
+package checkpoint
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-dev/tessera/pkg/atomicfile"
+	"github.com/tessera-dev/tessera/pkg/mig"
+)
+
+// Version is the checkpoint format version.
+const Version = 1
+
+// State of a claim.
+type State string
+
+// States.
+const (
+	// PrepareStarted: prepare is changing the node; on restart the claim
+	// is rolled back, since the kubelet never saw a result.
+	PrepareStarted State = "PrepareStarted"
+	// PrepareCompleted: the result was (or may have been) returned to the
+	// kubelet; it stays until unprepare.
+	PrepareCompleted State = "PrepareCompleted"
+)
+
+// Claim is what is recorded per claim.
+type Claim struct {
+	UID       string `json:"uid"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	State     State  `json:"state"`
+	// Fingerprint identifies the allocation and configuration that were
+	// prepared; a different one means the claim was reallocated.
+	Fingerprint string `json:"fingerprint"`
+	// SpecName is the CDI spec file in the CDI directory.
+	SpecName string `json:"specName"`
+	// AccountingDir is the host directory for the interposer's shared
+	// cache; empty when none was made.
+	AccountingDir string   `json:"accountingDir,omitempty"`
+	Devices       []Device `json:"devices"`
+	// Spec is the CDI spec that was written, to rewrite it if it goes
+	// missing.
+	Spec *cdispec.Spec `json:"spec,omitempty"`
+}
+
+// Device is one prepared device (allocation result).
+type Device struct {
+	Request     string `json:"request"`
+	Pool        string `json:"pool"`
+	Device      string `json:"device"`
+	ShareID     string `json:"shareID,omitempty"`
+	CDIDeviceID string `json:"cdiDeviceID"`
+	Type        string `json:"type"`
+	GPUUUID     string `json:"gpuUUID"`
+	// UUID is what the container addresses (GPU or MIG UUID).
+	UUID     string `json:"uuid"`
+	Memory   uint64 `json:"memory"`
+	Cores    int    `json:"cores,omitempty"`
+	Mode     string `json:"mode"`
+	Enforced string `json:"enforced"`
+	// TimeSliceInterval is the interval this claim requires of the GPU.
+	TimeSliceInterval string `json:"timeSliceInterval,omitempty"`
+	// MIG is the MIG device; Created says this plugin created it for the
+	// claim and destroys it at unprepare.
+	MIG *mig.Instance `json:"mig,omitempty"`
+}
+
+type file struct {
+	Version  int             `json:"version"`
+	BootID   string          `json:"bootID"`
+	Checksum string          `json:"checksum"`
+	Claim    json.RawMessage `json:"claim"`
+}
+
+// Store is the checkpoint directory.
+type Store struct {
+	dir    string
+	bootID string
+}
+
+// Open opens (creating) the checkpoint directory. bootID identifies the
+// current boot of the node.
+func Open(dir, bootID string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("checkpoint directory: %w", err)
+	}
+	return &Store{dir: dir, bootID: bootID}, nil
+}
+
+// ReadBootID reads the kernel's boot ID (/proc/sys/kernel/random/boot_id).
+// An unreadable one yields "unknown" rather than an error: without it the
+// plugin still works, it only cannot detect reboots.
+func ReadBootID(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil || len(strings.TrimSpace(string(data))) == 0 {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// BootID is the boot the store writes.
+func (s *Store) BootID() string { return s.bootID }
+
+// Dir is the checkpoint directory.
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) path(uid string) string { return filepath.Join(s.dir, uid+".json") }
+
+// Put records a claim.
+func (s *Store) Put(c *Claim) error {
+	raw, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(raw)
+	data, err := json.Marshal(file{Version: Version, BootID: s.bootID, Checksum: hex.EncodeToString(sum[:]), Claim: raw})
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(s.path(c.UID), data, 0o600); err != nil {
+		return fmt.Errorf("write checkpoint of claim %s: %w", c.UID, err)
+	}
+	return nil
+}
+
+// Delete forgets a claim; a missing record is not an error.
+func (s *Store) Delete(uid string) error {
+	err := os.Remove(s.path(uid))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+	}
+	return atomicfile.SyncDir(s.dir)
+}
+
+// Corrupt is a record that could not be used.
+type Corrupt struct {
+	UID  string
+	Path string
+	Err  error
+}
+
+// Loaded is what Load found.
+type Loaded struct {
+	// Claims were recorded in this boot.
+	Claims []*Claim
+	// Stale were recorded before the node rebooted.
+	Stale []*Claim
+	// Corrupt could not be read, parsed or verified.
+	Corrupt []Corrupt
+}
+
+// Load reads every record. Only an unusable directory is an error;
+// individual bad files are reported in Corrupt. Leftover temporary files
+// of interrupted writes are removed.
+func (s *Store) Load() (*Loaded, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint directory: %w", err)
+	}
+	out := &Loaded{}
+	for _, e := range entries {
+		name := e.Name()
+		p := filepath.Join(s.dir, name)
+		if strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") {
+			_ = os.Remove(p)
+			continue
+		}
+		uid, ok := strings.CutSuffix(name, ".json")
+		if !ok || uid == "" {
+			continue
+		}
+		c, boot, err := s.read(p)
+		if err == nil && c.UID != uid {
+			err = fmt.Errorf("records claim %s, not %s", c.UID, uid)
+		}
+		switch {
+		case err != nil:
+			out.Corrupt = append(out.Corrupt, Corrupt{UID: uid, Path: p, Err: err})
+		case boot != s.bootID:
+			out.Stale = append(out.Stale, c)
+		default:
+			out.Claims = append(out.Claims, c)
+		}
+	}
+	return out, nil
+}
+
+// Get reads one record; (nil, nil) when there is none.
+func (s *Store) Get(uid string) (*Claim, error) {
+	c, boot, err := s.read(s.path(uid))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if boot != s.bootID {
+		return nil, fmt.Errorf("checkpoint of claim %s is from boot %s, not this one", uid, boot)
+	}
+	return c, nil
+}
+
+func (s *Store) read(p string) (*Claim, string, error) {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, "", err
+	}
+	var f file
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, "", fmt.Errorf("parse: %w", err)
+	}
+	if f.Version != Version {
+		return nil, "", fmt.Errorf("format version %d, want %d", f.Version, Version)
+	}
+	sum := sha256.Sum256(f.Claim)
+	if hex.EncodeToString(sum[:]) != f.Checksum {
+		return nil, "", errors.New("checksum mismatch")
+	}
+	c := &Claim{}
+	if err := json.Unmarshal(f.Claim, c); err != nil {
+		return nil, "", fmt.Errorf("parse claim: %w", err)
+	}
+	if c.UID == "" || (c.State != PrepareStarted && c.State != PrepareCompleted) {
+		return nil, "", fmt.Errorf("claim record without UID or with unknown state %q", c.State)
+	}
+	return c, f.BootID, nil
+}
+
+// Quarantine moves a corrupt record aside (kept for inspection, never read
+// again) so that the claim can be recorded anew.
+func (s *Store) Quarantine(uid string) (string, error) {
+	aside := fmt.Sprintf("%s.corrupt-%d", s.path(uid), time.Now().UnixNano())
+	if err := os.Rename(s.path(uid), aside); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	return aside, atomicfile.SyncDir(s.dir)
+}
