@@ -1,0 +1,101 @@
+package timeslice
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+)
+
+func TestManager(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	path := filepath.Join(t.TempDir(), "mock-timeslice.json")
+	m := NewManager(&FileRecorder{Path: path})
+	a, b, c := Holder{UID: "a", Name: "ns/a"}, Holder{UID: "b", Name: "ns/b"}, Holder{UID: "c", Name: "ns/c"}
+	recorded := func() v1alpha1.TimeSliceInterval {
+		t.Helper()
+		st, err := ReadRecorded(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st["GPU-0"]
+	}
+	if err := m.Acquire(ctx, "GPU-0", a, v1alpha1.TimeSliceShort); err != nil {
+		t.Fatal(err)
+	}
+	if recorded() != v1alpha1.TimeSliceShort {
+		t.Errorf("recorded %s", recorded())
+	}
+	if err := m.Acquire(ctx, "GPU-0", b, v1alpha1.TimeSliceShort); err != nil {
+		t.Fatalf("same interval: %v", err)
+	}
+	err := m.Acquire(ctx, "GPU-0", c, v1alpha1.TimeSliceLong)
+	var conflict *Conflict
+	if !errors.As(err, &conflict) {
+		t.Fatalf("want conflict, got %v", err)
+	}
+	for _, s := range []string{"GPU-0", "ns/c", "Long", "Short", "ns/a, ns/b"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("message %q lacks %q", err, s)
+		}
+	}
+	// Another GPU is independent.
+	if err := m.Acquire(ctx, "GPU-1", c, v1alpha1.TimeSliceLong); err != nil {
+		t.Fatal(err)
+	}
+	// Re-acquiring by the same claim is idempotent.
+	if err := m.Acquire(ctx, "GPU-0", a, v1alpha1.TimeSliceShort); err != nil {
+		t.Fatal(err)
+	}
+	must(t, m.Release(ctx, "GPU-0", "a"))
+	if recorded() != v1alpha1.TimeSliceShort {
+		t.Error("reset while a claim still holds the GPU")
+	}
+	must(t, m.Release(ctx, "GPU-0", "b"))
+	if recorded() != v1alpha1.TimeSliceDefault {
+		t.Errorf("not reset: %s", recorded())
+	}
+	if err := m.Acquire(ctx, "GPU-0", c, v1alpha1.TimeSliceLong); err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+	if iv, names := m.Interval("GPU-0"); iv != v1alpha1.TimeSliceLong || len(names) != 1 {
+		t.Errorf("interval %s %v", iv, names)
+	}
+	// A lone holder may change its mind (reprepare with a new config).
+	if err := m.Check("GPU-0", c, v1alpha1.TimeSliceMedium); err != nil {
+		t.Errorf("lone holder: %v", err)
+	}
+	m.Restore("GPU-2", a, v1alpha1.TimeSliceMedium)
+	if err := m.Check("GPU-2", b, v1alpha1.TimeSliceLong); err == nil {
+		t.Error("restored holder not enforced")
+	}
+}
+
+type failing struct{}
+
+func (failing) SetInterval(context.Context, string, v1alpha1.TimeSliceInterval) error {
+	return errors.New("boom")
+}
+
+func TestSetterFailureDoesNotHold(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	m := NewManager(failing{})
+	if err := m.Acquire(ctx, "GPU-0", Holder{UID: "a", Name: "ns/a"}, v1alpha1.TimeSliceLong); err == nil {
+		t.Fatal("no error")
+	}
+	if iv, _ := m.Interval("GPU-0"); iv != "" {
+		t.Errorf("held after failure: %s", iv)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
