@@ -36,7 +36,7 @@ func TestMixedTraceShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jobs := Generate(120, 1, DefaultMix)
+	jobs := Generate(80, 1, DefaultMix)
 	results := map[Policy]Result{}
 	for _, p := range Policies {
 		r, err := Run(ctx, nodes, jobs, p)
