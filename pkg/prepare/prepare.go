@@ -1,0 +1,720 @@
+// Package prepare turns allocated ResourceClaims into per-claim CDI specs
+// and undoes that again: the heart of the kubelet plugin's
+// NodePrepareResources and NodeUnprepareResources.
+//
+// Prepare is idempotent (the kubelet retries), safe against crashes at any
+// point (see package checkpoint and Recover) and concurrent: claims are
+// prepared in parallel, calls for one claim are serialized, and a device
+// is never handed to two claims that cannot share it.
+package prepare
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	cdispecs "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-dev/tessera/pkg/cdispec"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/enforce"
+	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/timeslice"
+)
+
+// StatusWriter publishes what was prepared in the claim's status.devices.
+// It must not block: prepare never waits for the API server.
+type StatusWriter interface {
+	Set(ctx context.Context, claim types.NamespacedName, uid types.UID, devices []resourceapi.AllocatedDeviceStatus)
+	Clear(ctx context.Context, claim types.NamespacedName, uid types.UID)
+}
+
+// Options wire a Preparer to the node.
+type Options struct {
+	DriverName string
+	// NodeName is the name of this node's pool.
+	NodeName    string
+	Checkpoints *checkpoint.Store
+	CDI         cdispec.Dir
+	Nodes       cdispec.DeviceNodes
+	MIG         *mig.Manager
+	MIGMode     devicemodel.MIGMode
+	TimeSlice   *timeslice.Manager
+	Enforce     enforce.Node
+	// AccountingDir holds a directory per claim for the interposer's
+	// shared accounting file.
+	AccountingDir string
+	// Model returns the current inventory and device-model configuration.
+	Model  func() (*discover.Inventory, devicemodel.Config)
+	Status StatusWriter
+	// Crash, when set, is called at named points of prepare and unprepare
+	// (crash-injection tests kill the process there).
+	Crash func(point string)
+}
+
+// Crash points, in the order prepare and unprepare pass them.
+const (
+	CrashPrepareStarted     = "prepare:started"
+	CrashPrepareTimeSlice   = "prepare:timeslice"
+	CrashPrepareMIGIntent   = "prepare:mig-intent"
+	CrashPrepareMIGCreated  = "prepare:mig-created"
+	CrashPrepareMIGRecorded = "prepare:mig-recorded"
+	CrashPrepareSpec        = "prepare:spec"
+	CrashPrepareCompleted   = "prepare:completed"
+	CrashUnprepareSpec      = "unprepare:spec"
+	CrashUnprepareMIG       = "unprepare:mig"
+	CrashUnprepareTimeSlice = "unprepare:timeslice"
+	CrashUnprepareDone      = "unprepare:checkpoint"
+)
+
+// CrashPoints lists every crash point.
+var CrashPoints = []string{
+	CrashPrepareStarted, CrashPrepareTimeSlice, CrashPrepareMIGIntent, CrashPrepareMIGCreated, CrashPrepareMIGRecorded,
+	CrashPrepareSpec, CrashPrepareCompleted, CrashUnprepareSpec, CrashUnprepareMIG, CrashUnprepareTimeSlice, CrashUnprepareDone,
+}
+
+// Preparer prepares and unprepares claims.
+type Preparer struct {
+	opts  Options
+	locks keyedMutex
+
+	mu sync.Mutex
+	// claims are the records of claims that are prepared or being
+	// prepared, by UID.
+	claims map[string]*checkpoint.Claim
+	// pending are claims whose lost record waits for the API server to be
+	// repaired, with the reason.
+	pending map[string]string
+
+	modelMu  sync.Mutex
+	modelInv *discover.Inventory
+	devices  map[string]resourceapi.Device
+}
+
+// New returns a Preparer. Call Recover before serving.
+func New(opts Options) *Preparer {
+	return &Preparer{opts: opts, claims: map[string]*checkpoint.Claim{}, locks: keyedMutex{m: map[string]*keyedEntry{}}}
+}
+
+func (p *Preparer) crash(point string) {
+	if p.opts.Crash != nil {
+		p.opts.Crash(point)
+	}
+}
+
+// model returns the inventory and its published devices by name, rebuilt
+// when the inventory changes.
+func (p *Preparer) model() (*discover.Inventory, map[string]resourceapi.Device) {
+	inv, cfg := p.opts.Model()
+	p.modelMu.Lock()
+	defer p.modelMu.Unlock()
+	if inv == nil {
+		return nil, nil
+	}
+	if inv != p.modelInv {
+		cfg.Taints = nil
+		devices := map[string]resourceapi.Device{}
+		if slices, err := devicemodel.Build(inv, cfg); err == nil {
+			for _, s := range slices {
+				for _, d := range s.Devices {
+					devices[d.Name] = d
+				}
+			}
+		}
+		p.modelInv, p.devices = inv, devices
+	}
+	return p.modelInv, p.devices
+}
+
+// Prepare prepares one claim: the CDI devices to hand to the runtime, or
+// an error for this claim alone.
+func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	uid := string(claim.UID)
+	unlock := p.locks.lock(uid)
+	defer unlock()
+	return p.prepareLocked(ctx, claim, false)
+}
+
+func (p *Preparer) prepareLocked(ctx context.Context, claim *resourceapi.ResourceClaim, repair bool) ([]kubeletplugin.Device, error) {
+	logger := klog.FromContext(ctx)
+	uid := string(claim.UID)
+	results := ourResults(claim, p.opts.DriverName)
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	fp := fingerprint(claim, p.opts.DriverName)
+	if existing := p.record(uid); existing != nil {
+		if existing.State == checkpoint.PrepareCompleted && existing.Fingerprint == fp {
+			if !p.opts.CDI.Exists(existing.SpecName) && existing.Spec != nil {
+				if err := p.opts.CDI.Write(existing.SpecName, existing.Spec); err != nil {
+					return nil, err
+				}
+				logger.Info("Rewrote missing CDI spec of prepared claim", "claim", klog.KObj(claim), "spec", existing.SpecName)
+			}
+			return kubeletDevices(existing), nil
+		}
+		logger.Info("Claim was prepared for a different allocation or not completely; undoing that first", "claim", klog.KObj(claim), "state", existing.State)
+		if err := p.undo(ctx, existing, true); err != nil {
+			return nil, fmt.Errorf("undo earlier preparation: %w", err)
+		}
+	}
+	if len(results) == 0 {
+		return nil, nil
+	}
+	pl, err := p.newPlan(claim, results, fp)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.reserve(pl); err != nil {
+		return nil, err
+	}
+	if err := p.apply(ctx, pl, repair); err != nil {
+		if uerr := p.undo(ctx, pl.record, false); uerr != nil {
+			logger.Error(uerr, "Could not undo a failed prepare; the claim's record is kept and the next prepare, unprepare or restart retries", "claim", klog.KObj(claim))
+		}
+		return nil, err
+	}
+	if p.opts.Status != nil {
+		p.opts.Status.Set(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}, claim.UID, statusDevices(p.opts.DriverName, pl.record))
+	}
+	logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "devices", len(pl.record.Devices), "spec", pl.record.SpecName)
+	return kubeletDevices(pl.record), nil
+}
+
+func (p *Preparer) record(uid string) *checkpoint.Claim {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.claims[uid]
+}
+
+// update replaces the in-memory record with a copy of c: records in the
+// map are never changed in place, other goroutines read them.
+func (p *Preparer) update(c *checkpoint.Claim) {
+	snap := clone(c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.claims[c.UID] = snap
+}
+
+func clone(c *checkpoint.Claim) *checkpoint.Claim {
+	out := *c
+	out.Devices = append([]checkpoint.Device(nil), c.Devices...)
+	for i := range out.Devices {
+		if m := out.Devices[i].MIG; m != nil {
+			cp := *m
+			out.Devices[i].MIG = &cp
+		}
+	}
+	return &out
+}
+
+// put persists the record and makes it current.
+func (p *Preparer) put(c *checkpoint.Claim) error {
+	if err := p.opts.Checkpoints.Put(c); err != nil {
+		return err
+	}
+	p.update(c)
+	return nil
+}
+
+// reserve checks the plan against every other claim on the node and
+// records it (in memory) so that concurrent prepares see it.
+func (p *Preparer) reserve(pl *plan) error {
+	_, devices := p.model()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	uid := pl.record.UID
+	type use struct {
+		claim  *checkpoint.Claim
+		memory uint64
+		share  string
+	}
+	byDevice := map[string][]use{}
+	byGPU := map[string]map[string]*checkpoint.Claim{} // GPU UUID -> device type -> claim
+	for _, c := range p.claims {
+		if c.UID == uid {
+			continue
+		}
+		for _, d := range c.Devices {
+			byDevice[d.Device] = append(byDevice[d.Device], use{claim: c, memory: d.Memory, share: d.ShareID})
+			if byGPU[d.GPUUUID] == nil {
+				byGPU[d.GPUUUID] = map[string]*checkpoint.Claim{}
+			}
+			byGPU[d.GPUUUID][d.Type] = c
+		}
+	}
+	ref := func(c *checkpoint.Claim) string { return fmt.Sprintf("%s/%s (%s)", c.Namespace, c.Name, c.UID) }
+	mine := map[string]uint64{}
+	for _, d := range pl.devices {
+		if d.result.AdminAccess != nil && *d.result.AdminAccess {
+			continue
+		}
+		dev := d.result.Device
+		uses := byDevice[dev]
+		switch d.name.Type {
+		case devicemodel.TypeGPU:
+			capacity := uint64(0)
+			if pub, ok := devices[dev]; ok {
+				q := pub.Capacity[devicemodel.CapMemory].Value
+				capacity = uint64(q.Value())
+			}
+			total := mine[dev] + d.alloc.Memory
+			for _, u := range uses {
+				total += u.memory
+				if d.result.ShareID != nil && u.share == string(*d.result.ShareID) {
+					return fmt.Errorf("device %s share %s is already prepared for claim %s", dev, u.share, ref(u.claim))
+				}
+			}
+			if total > capacity {
+				var others []string
+				for _, u := range uses {
+					others = append(others, ref(u.claim))
+				}
+				return fmt.Errorf("device %s would be oversubscribed: %d bytes prepared for claims %v plus %d bytes for this claim exceed its %d bytes; refusing to prepare",
+					dev, total-mine[dev]-d.alloc.Memory, others, d.alloc.Memory, capacity)
+			}
+			mine[dev] += d.alloc.Memory
+			if c := byGPU[d.gpu.UUID][devicemodel.TypeTimeSlice]; c != nil {
+				return fmt.Errorf("GPU %d is time-sliced for claim %s; a share of %s cannot be prepared next to it", d.gpu.Index, ref(c), dev)
+			}
+		case devicemodel.TypeTimeSlice:
+			if len(uses) > 0 {
+				return fmt.Errorf("device %s is already prepared for claim %s; refusing to prepare it for a second claim", dev, ref(uses[0].claim))
+			}
+			if c := byGPU[d.gpu.UUID][devicemodel.TypeGPU]; c != nil {
+				return fmt.Errorf("GPU %d carries a share for claim %s; time slice %s cannot be prepared next to it", d.gpu.Index, ref(c), dev)
+			}
+		case devicemodel.TypeMIG:
+			if len(uses) > 0 {
+				return fmt.Errorf("device %s is already prepared for claim %s; refusing to prepare it for a second claim", dev, ref(uses[0].claim))
+			}
+		}
+		if d.interval != "" {
+			if err := p.opts.TimeSlice.Check(d.gpu.UUID, p.holder(pl.record), d.interval); err != nil {
+				return err
+			}
+		}
+	}
+	p.claims[uid] = clone(pl.record)
+	return nil
+}
+
+func (p *Preparer) holder(c *checkpoint.Claim) timeslice.Holder {
+	return timeslice.Holder{UID: c.UID, Name: c.Namespace + "/" + c.Name}
+}
+
+// needsStarted says whether prepare changes anything that cannot be found
+// again by the claim's UID (MIG instances, a GPU's time slice). Only then
+// is a PrepareStarted record written first; a share's spec and accounting
+// directory are named after the claim and found at start if a crash left
+// them behind.
+func needsStarted(pl *plan) bool {
+	for _, d := range pl.devices {
+		if d.interval != "" || (d.mig != nil && d.mig.Created) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Preparer) apply(ctx context.Context, pl *plan, repair bool) error {
+	rec := pl.record
+	if needsStarted(pl) {
+		if err := p.put(rec); err != nil {
+			return err
+		}
+		p.crash(CrashPrepareStarted)
+	}
+	for _, d := range pl.devices {
+		if d.interval != "" {
+			if err := p.opts.TimeSlice.Acquire(ctx, d.gpu.UUID, p.holder(rec), d.interval); err != nil {
+				return err
+			}
+			p.crash(CrashPrepareTimeSlice)
+		}
+	}
+	for i := range pl.devices {
+		d := &pl.devices[i]
+		if d.mig == nil {
+			continue
+		}
+		inst, err := p.prepareMIG(ctx, rec, i, *d.mig, repair)
+		if err != nil {
+			return err
+		}
+		d.mig = inst
+		d.alloc.UUID = inst.UUID
+		rec.Devices[i].UUID = inst.UUID
+		rec.Devices[i].MIG = inst
+		if inst.Created {
+			if err := p.put(rec); err != nil {
+				return err
+			}
+			p.crash(CrashPrepareMIGRecorded)
+		}
+	}
+	spec, err := p.buildSpec(ctx, pl)
+	if err != nil {
+		return err
+	}
+	if err := p.opts.CDI.Write(rec.SpecName, spec); err != nil {
+		return err
+	}
+	p.crash(CrashPrepareSpec)
+	rec.State = checkpoint.PrepareCompleted
+	rec.Spec = spec
+	if err := p.put(rec); err != nil {
+		return err
+	}
+	p.crash(CrashPrepareCompleted)
+	return nil
+}
+
+// prepareMIG creates (dynamic) or looks up (static) the MIG device of
+// device i of the record.
+func (p *Preparer) prepareMIG(ctx context.Context, rec *checkpoint.Claim, i int, t mig.Instance, repair bool) (*mig.Instance, error) {
+	unlock := p.opts.MIG.Lock(t.GPUUUID)
+	defer unlock()
+	found, err := p.opts.MIG.Find(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	if !t.Created {
+		if found == nil || found.UUID == "" {
+			return nil, fmt.Errorf("MIG device %s does not exist (any more) on GPU %s", rec.Devices[i].Device, t.GPUUUID)
+		}
+		found.Created = false
+		return found, nil
+	}
+	if found != nil {
+		if owner := p.migOwner(rec.UID, *found); owner != nil {
+			return nil, fmt.Errorf("MIG placement of %s is used by claim %s/%s (%s)", rec.Devices[i].Device, owner.Namespace, owner.Name, owner.UID)
+		}
+		if !repair {
+			return nil, fmt.Errorf("MIG placement of %s is used by GPU instance %d, which Tessera did not create for any claim; destroy it or run with --mig-mode=static", rec.Devices[i].Device, found.GIID)
+		}
+		// Repairing a lost record: the scheduler allocated this placement
+		// to this claim, so the instance there was made for it.
+		found.Created = true
+		if err := p.opts.MIG.EnsureCI(ctx, found); err != nil {
+			return nil, err
+		}
+		klog.FromContext(ctx).Info("Adopted MIG device for repaired claim", "claim", klog.KRef(rec.Namespace, rec.Name), "instance", found.String())
+		return found, nil
+	}
+	// Record the intent before creating: a crash after the creation
+	// finds the instance at the placement and removes it.
+	intent := t
+	rec.Devices[i].MIG = &intent
+	if err := p.put(rec); err != nil {
+		return nil, err
+	}
+	p.crash(CrashPrepareMIGIntent)
+	inst, err := p.opts.MIG.Create(ctx, t, nil)
+	if err != nil {
+		return nil, err
+	}
+	p.crash(CrashPrepareMIGCreated)
+	return inst, nil
+}
+
+// migOwner returns the other claim whose record holds a MIG instance.
+func (p *Preparer) migOwner(uid string, inst mig.Instance) *checkpoint.Claim {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.claims {
+		if c.UID == uid {
+			continue
+		}
+		for _, d := range c.Devices {
+			if d.MIG != nil && d.MIG.GPUUUID == inst.GPUUUID && d.MIG.Start == inst.Start && d.MIG.GIProfileID == inst.GIProfileID {
+				return c
+			}
+		}
+	}
+	return nil
+}
+
+func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, error) {
+	rec := pl.record
+	res, err := enforce.Plan(p.enforceClaim(pl), p.allocations(pl), p.opts.Enforce, p.accountingDir(rec.UID))
+	if err != nil {
+		return nil, err
+	}
+	for i := range rec.Devices {
+		for _, v := range res.Visible {
+			if v.UUID == rec.Devices[i].UUID {
+				rec.Devices[i].Mode, rec.Devices[i].Enforced = string(v.Mode), string(v.Enforced)
+				if v.Note != "" {
+					klog.FromContext(ctx).Info("Limits of a device are not enforced by the node", "claim", klog.KRef(rec.Namespace, rec.Name), "device", rec.Devices[i].Device, "reason", v.Note)
+				}
+			}
+		}
+	}
+	if res.AccountingDir != "" {
+		// Fresh for every preparation: a stale accounting file would keep
+		// the limits of an earlier allocation.
+		if err := os.RemoveAll(res.AccountingDir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(res.AccountingDir, 0o777); err != nil {
+			return nil, fmt.Errorf("accounting directory: %w", err)
+		}
+		// Containers may run as any user.
+		if err := os.Chmod(res.AccountingDir, 0o1777); err != nil {
+			return nil, err
+		}
+		rec.AccountingDir = res.AccountingDir
+	}
+	control, err := p.opts.Nodes.Control()
+	if err != nil {
+		return nil, err
+	}
+	claimEdits := cdispecs.ContainerEdits{Env: res.Env, DeviceNodes: control, Mounts: res.Mounts}
+	var devices []cdispecs.Device
+	var created []mig.Instance
+	for i, d := range pl.devices {
+		var nodes []*cdispecs.DeviceNode
+		gpuNodes, err := p.opts.Nodes.GPU(d.gpu.Minor)
+		if err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, gpuNodes...)
+		if d.mig != nil {
+			caps, err := p.opts.Nodes.MIG(d.gpu.Minor, d.mig.GIID, d.mig.CIID)
+			if err != nil {
+				return nil, err
+			}
+			nodes = append(nodes, caps...)
+			if d.mig.Created {
+				created = append(created, *d.mig)
+			}
+		}
+		rd := rec.Devices[i]
+		devices = append(devices, cdispecs.Device{
+			Name:           cdispec.DeviceName(rec.UID, rd.Device, rd.ShareID),
+			ContainerEdits: cdispecs.ContainerEdits{DeviceNodes: nodes},
+		})
+	}
+	annotations := map[string]string{cdispec.AnnotationClaim: rec.Namespace + "/" + rec.Name}
+	if len(created) > 0 {
+		data, _ := json.Marshal(created)
+		annotations[cdispec.AnnotationMIGInstances] = string(data)
+	}
+	return cdispec.NewSpec(claimEdits, devices, annotations)
+}
+
+// Unprepare undoes a claim's preparation; an unknown claim is fine.
+func (p *Preparer) Unprepare(ctx context.Context, claim types.NamespacedName, uid types.UID) error {
+	unlock := p.locks.lock(string(uid))
+	defer unlock()
+	rec := p.record(string(uid))
+	if rec == nil {
+		// Nothing recorded: remove what a crash or a lost record may have
+		// left, found by the claim's UID.
+		return p.removeLeftovers(ctx, string(uid))
+	}
+	if err := p.undo(ctx, rec, true); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("Unprepared claim", "claim", claim, "uid", uid)
+	return nil
+}
+
+// undo removes everything a record says was done, in an order that keeps
+// the record meaningful if it is interrupted: the spec first (no new
+// container gets the devices), then MIG instances and the time slice, the
+// record last.
+func (p *Preparer) undo(ctx context.Context, rec *checkpoint.Claim, clearStatus bool) error {
+	name := rec.SpecName
+	if name == "" {
+		name = cdispec.SpecName(rec.UID)
+	}
+	if err := p.opts.CDI.Remove(name); err != nil {
+		return err
+	}
+	p.crash(CrashUnprepareSpec)
+	dir := rec.AccountingDir
+	if dir == "" {
+		dir = p.accountingDir(rec.UID)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove accounting directory: %w", err)
+	}
+	for _, d := range rec.Devices {
+		if d.MIG == nil || !d.MIG.Created {
+			continue
+		}
+		if err := p.destroyMIG(ctx, rec.UID, *d.MIG); err != nil {
+			return err
+		}
+		p.crash(CrashUnprepareMIG)
+	}
+	released := map[string]bool{}
+	for _, d := range rec.Devices {
+		if d.TimeSliceInterval == "" || released[d.GPUUUID] {
+			continue
+		}
+		released[d.GPUUUID] = true
+		if err := p.opts.TimeSlice.Release(ctx, d.GPUUUID, rec.UID); err != nil {
+			return err
+		}
+		p.crash(CrashUnprepareTimeSlice)
+	}
+	if err := p.opts.Checkpoints.Delete(rec.UID); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	delete(p.claims, rec.UID)
+	p.mu.Unlock()
+	p.crash(CrashUnprepareDone)
+	if clearStatus && p.opts.Status != nil {
+		p.opts.Status.Clear(ctx, types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}, types.UID(rec.UID))
+	}
+	return nil
+}
+
+// destroyMIG destroys an instance this plugin created. One whose IDs were
+// not recorded yet (a crash during creation) is looked up at its
+// placement.
+func (p *Preparer) destroyMIG(ctx context.Context, uid string, inst mig.Instance) error {
+	unlock := p.opts.MIG.Lock(inst.GPUUUID)
+	defer unlock()
+	if inst.GIID < 0 {
+		found, err := p.opts.MIG.Find(ctx, inst)
+		if err != nil {
+			return err
+		}
+		if found == nil {
+			return nil
+		}
+		inst.GIID, inst.CIID = found.GIID, found.CIID
+	}
+	if owner := p.migOwner(uid, inst); owner != nil {
+		klog.FromContext(ctx).Info("MIG device is held by another claim; not destroying it", "instance", inst.String(), "owner", klog.KRef(owner.Namespace, owner.Name))
+		return nil
+	}
+	if err := p.opts.MIG.Destroy(ctx, inst); err != nil {
+		return fmt.Errorf("destroy %s: %w", inst.String(), err)
+	}
+	return nil
+}
+
+func kubeletDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(rec.Devices))
+	for _, d := range rec.Devices {
+		kd := kubeletplugin.Device{
+			Requests:     []string{d.Request},
+			PoolName:     d.Pool,
+			DeviceName:   d.Device,
+			CDIDeviceIDs: []string{d.CDIDeviceID},
+		}
+		if d.ShareID != "" {
+			share := types.UID(d.ShareID)
+			kd.ShareID = &share
+		}
+		out = append(out, kd)
+	}
+	return out
+}
+
+// StatusData is the data a device's entry in status.devices carries.
+type StatusData struct {
+	// UUID is what the container addresses: the GPU's or MIG device's UUID.
+	UUID    string `json:"uuid"`
+	GPUUUID string `json:"gpuUUID,omitempty"`
+	// MIGProfile is the MIG profile of a MIG device.
+	MIGProfile string `json:"migProfile,omitempty"`
+	// MemoryLimit is the device memory the claim may use.
+	MemoryLimit      resource.Quantity `json:"memoryLimit"`
+	MemoryLimitBytes uint64            `json:"memoryLimitBytes"`
+	// ComputeLimit is the compute percent (100 = no cap).
+	ComputeLimit int `json:"computeLimit"`
+	// Enforcement is the effective mode: mig, exclusive, interposer, mps
+	// or none; Enforced what enforces it: hard, interposer, mps, advisory.
+	Enforcement       string `json:"enforcement"`
+	Enforced          string `json:"enforced"`
+	TimeSliceInterval string `json:"timeSliceInterval,omitempty"`
+}
+
+func statusDevices(driver string, rec *checkpoint.Claim) []resourceapi.AllocatedDeviceStatus {
+	out := make([]resourceapi.AllocatedDeviceStatus, 0, len(rec.Devices))
+	for _, d := range rec.Devices {
+		cores := d.Cores
+		if cores == 0 || d.Enforced == string(enforce.Hard) {
+			cores = 100
+		}
+		data := StatusData{
+			UUID: d.UUID, GPUUUID: d.GPUUUID,
+			MemoryLimit: *resource.NewQuantity(int64(d.Memory), resource.BinarySI), MemoryLimitBytes: d.Memory,
+			ComputeLimit: cores, Enforcement: d.Mode, Enforced: d.Enforced, TimeSliceInterval: d.TimeSliceInterval,
+		}
+		if d.MIG != nil {
+			data.MIGProfile = d.MIG.Profile
+		}
+		raw, _ := json.Marshal(data)
+		s := resourceapi.AllocatedDeviceStatus{Driver: driver, Pool: d.Pool, Device: d.Device, Data: &runtime.RawExtension{Raw: raw}}
+		if d.ShareID != "" {
+			share := d.ShareID
+			s.ShareID = &share
+		}
+		out = append(out, s)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Device < out[j].Device })
+	return out
+}
+
+// Prepared returns the UIDs of the claims recorded now, sorted.
+func (p *Preparer) Prepared() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.claims))
+	for uid := range p.claims {
+		out = append(out, uid)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// keyedMutex serializes work per key.
+type keyedMutex struct {
+	mu sync.Mutex
+	m  map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	e, ok := k.m[key]
+	if !ok {
+		e = &keyedEntry{}
+		k.m[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		e.refs--
+		if e.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
+}

@@ -1,0 +1,399 @@
+package prepare
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/cdispec"
+	"github.com/tessera-dev/tessera/pkg/timeslice"
+)
+
+const t4Usable = (15360 - 256) << 20
+
+// TestClaimKinds prepares a claim of every kind into a valid CDI spec with
+// the right environment and unprepares it without a trace.
+func TestClaimKinds(t *testing.T) {
+	lib := filepath.Join(t.TempDir(), "libvgpu.so")
+	tests := []struct {
+		name    string
+		opts    []envOption
+		claim   *resourceapi.ResourceClaim
+		env     map[string]string
+		devices []string
+		absent  []string
+	}{
+		{
+			name:  "memory share with interposer",
+			opts:  []envOption{withInterposer(lib)},
+			claim: claim("share", share("gpu", "gpu-0", "s-1", 4*gib, 25)),
+			env: map[string]string{
+				"CUDA_DEVICE_MEMORY_LIMIT_0": "4096m", "CUDA_DEVICE_SM_LIMIT_0": "25",
+				"LD_PRELOAD": "/usr/local/tessera/lib/libvgpu.so", "TESSERA_MODE": "interposer", "TESSERA_ENFORCED": "interposer",
+				"TESSERA_MEMORY_LIMIT": "4294967296", "TESSERA_DEVICE": "gpu-0", "TESSERA_CLAIM": "ns/share",
+			},
+			devices: []string{"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"},
+		},
+		{
+			name:    "whole GPU",
+			claim:   claim("whole", share("gpu", "gpu-1", "s-2", t4Usable, 0)),
+			env:     map[string]string{"TESSERA_MODE": "exclusive", "TESSERA_ENFORCED": "hard", "TESSERA_MEMORY_LIMIT": strconv.Itoa(t4Usable), "TESSERA_DEVICE": "gpu-1"},
+			devices: []string{"/dev/nvidia1"},
+			absent:  []string{"CUDA_DEVICE_MEMORY_LIMIT_0", "LD_PRELOAD"},
+		},
+		{
+			name:    "whole GPU without shares",
+			claim:   claim("exclusive", device("gpu", "gpu-0")),
+			env:     map[string]string{"TESSERA_MODE": "exclusive", "TESSERA_MEMORY_LIMIT": strconv.Itoa(t4Usable)},
+			devices: []string{"/dev/nvidia0"},
+		},
+		{
+			name: "time slice",
+			opts: []envOption{withTimeSlices(4), withInterposer(lib)},
+			claim: withConfig(claim("ts", device("ts", "gpu-1-ts-2")), resourceapi.AllocationConfigSourceClaim, nil,
+				`"enforcement":"interposer","timeSliceInterval":"Short","frameworkCaps":["pytorch"]`),
+			env: map[string]string{
+				"CUDA_DEVICE_MEMORY_LIMIT_0": strconv.Itoa(t4Usable/4>>20) + "m", "TESSERA_DEVICE": "gpu-1-ts-2", "TESSERA_MODE": "interposer",
+				"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:1.000",
+			},
+			devices: []string{"/dev/nvidia1"},
+			absent:  []string{"CUDA_DEVICE_SM_LIMIT_0"},
+		},
+		{
+			name:    "MIG partition",
+			opts:    []envOption{withMIG()},
+			claim:   claim("mig", device("mig", "gpu-0-mig-1g5gb-3")),
+			env:     map[string]string{"TESSERA_MODE": "mig", "TESSERA_ENFORCED": "hard", "TESSERA_DEVICE": "gpu-0-mig-1g5gb-3"},
+			devices: []string{"/dev/nvidia0", "/dev/nvidiactl"},
+			absent:  []string{"CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, tt.opts...)
+			ids := e.prepare(tt.claim)
+			if len(ids) != len(tt.claim.Status.Allocation.Devices.Results) {
+				t.Fatalf("CDI devices %v", ids)
+			}
+			r := tt.claim.Status.Allocation.Devices.Results[0]
+			want := cdispec.QualifiedName(cdispec.DeviceName(string(tt.claim.UID), r.Device, shareOf(r)))
+			if ids[0] != want {
+				t.Errorf("CDI device %s, want %s", ids[0], want)
+			}
+			env, devices := e.inject(ids...)
+			for k, v := range tt.env {
+				if env[k] != v {
+					t.Errorf("%s=%q, want %q", k, env[k], v)
+				}
+			}
+			for _, k := range tt.absent {
+				if _, ok := env[k]; ok {
+					t.Errorf("%s set: %s", k, env[k])
+				}
+			}
+			contains(t, devices, tt.devices...)
+			uuid := env["NVIDIA_VISIBLE_DEVICES"]
+			if uuid == "" || env["CUDA_VISIBLE_DEVICES"] != uuid || env["TESSERA_UUID"] != uuid {
+				t.Errorf("visible devices %q / %q", uuid, env["CUDA_VISIBLE_DEVICES"])
+			}
+			if e.mig {
+				if !strings.HasPrefix(uuid, "MIG-") || e.migInstances() != 1 {
+					t.Errorf("MIG UUID %s, %d instances", uuid, e.migInstances())
+				}
+				if len(devices) != 6 {
+					t.Errorf("MIG capability nodes missing: %v", devices)
+				}
+			} else if uuid != e.inv.GPUs[mustIndex(r.Device)].UUID {
+				t.Errorf("UUID %s is not GPU %s's", uuid, r.Device)
+			}
+			st := e.status.set[tt.claim.UID]
+			if len(st) != 1 || st[0].Device != r.Device || st[0].Pool != node {
+				t.Fatalf("status %+v", st)
+			}
+			var data StatusData
+			if err := json.Unmarshal(st[0].Data.Raw, &data); err != nil {
+				t.Fatal(err)
+			}
+			if data.UUID != uuid || data.Enforcement != env["TESSERA_MODE"] || strconv.FormatUint(data.MemoryLimitBytes, 10) != env["TESSERA_MEMORY_LIMIT"] {
+				t.Errorf("status data %+v", data)
+			}
+			if e.mig && data.MIGProfile != "1g.5gb" {
+				t.Errorf("MIG profile %q", data.MIGProfile)
+			}
+
+			// Prepare again (the kubelet retries): same devices, same spec.
+			specBefore, _ := os.ReadFile(filepath.Join(e.opts.CDI.Path, cdispec.SpecName(string(tt.claim.UID))))
+			if again := e.prepare(tt.claim); !slices.Equal(again, ids) {
+				t.Errorf("second prepare %v, first %v", again, ids)
+			}
+			specAfter, _ := os.ReadFile(filepath.Join(e.opts.CDI.Path, cdispec.SpecName(string(tt.claim.UID))))
+			if string(specBefore) != string(specAfter) {
+				t.Error("spec changed on the second prepare")
+			}
+			if e.mig && e.migInstances() != 1 {
+				t.Error("second prepare created another MIG instance")
+			}
+			e.unprepare(tt.claim)
+			e.unprepare(tt.claim)
+			e.assertClean()
+			if len(e.status.set) != 0 {
+				t.Errorf("status not cleared: %v", e.status.set)
+			}
+		})
+	}
+}
+
+func shareOf(r resourceapi.DeviceRequestAllocationResult) string {
+	if r.ShareID == nil {
+		return ""
+	}
+	return string(*r.ShareID)
+}
+
+func mustIndex(device string) int {
+	i, _ := strconv.Atoi(strings.TrimPrefix(strings.Split(device, "-ts-")[0], "gpu-"))
+	return i
+}
+
+func TestUnprepareUnknownClaim(t *testing.T) {
+	e := newEnv(t)
+	if err := e.p.Unprepare(e.ctx, types.NamespacedName{Namespace: "ns", Name: "never"}, "uid-never"); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean()
+}
+
+func TestBadConfigFailsOnlyItsClaim(t *testing.T) {
+	e := newEnv(t, withTimeSlices(2))
+	good := claim("good", share("gpu", "gpu-0", "s-1", gib, 0))
+	tests := []struct {
+		params string
+		want   []string
+	}{
+		{`"enforcement":"magic"`, []string{"enforcement", `"magic"`, `"auto"`, `"interposer"`, `"mps"`, `"none"`}},
+		{`"timeSliceInterval":"Forever"`, []string{"timeSliceInterval", `"Default"`, `"Short"`, `"Medium"`, `"Long"`}},
+		{`"frameworkCaps":["tensorflow"]`, []string{"frameworkCaps[0]", `"pytorch"`, `"xla"`}},
+		{`"enforcment":"mps"`, []string{`unknown field "enforcment"`, "enforcement"}},
+	}
+	for i, tt := range tests {
+		bad := withConfig(claim("bad"+strconv.Itoa(i), share("gpu", "gpu-1", "s-"+strconv.Itoa(i), gib, 0)), resourceapi.AllocationConfigSourceClass, []string{"gpu"}, tt.params)
+		_, err := e.p.Prepare(e.ctx, bad)
+		if err == nil {
+			t.Fatalf("%s: prepared", tt.params)
+		}
+		for _, w := range append(tt.want, "DeviceClass configuration", "request gpu") {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q lacks %q", tt.params, err, w)
+			}
+		}
+	}
+	e.prepare(good)
+	if len(e.files("cdi")) != 1 {
+		t.Errorf("specs %v", e.files("cdi"))
+	}
+	e.unprepare(good)
+	e.assertClean()
+}
+
+func TestConfigPrecedence(t *testing.T) {
+	c := claim("c", share("a", "gpu-0", "s-1", gib, 0), share("b", "gpu-1", "s-2", gib, 0))
+	withConfig(c, resourceapi.AllocationConfigSourceClass, []string{"a", "b"}, `"enforcement":"mps","frameworkCaps":["xla"]`)
+	withConfig(c, resourceapi.AllocationConfigSourceClaim, []string{"b"}, `"enforcement":"none"`)
+	withConfig(c, resourceapi.AllocationConfigSourceClaim, nil, `"enforcement":"interposer","timeSliceInterval":"Long"`)
+	results := c.Status.Allocation.Devices.Results
+	a, err := ConfigFor(c, driver, results[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Enforcement != v1alpha1.EnforcementInterposer || a.TimeSliceInterval != v1alpha1.TimeSliceLong || !a.HasFrameworkCap(v1alpha1.FrameworkCapXLA) {
+		t.Errorf("request a: %+v", a)
+	}
+	b, err := ConfigFor(c, driver, results[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Enforcement != v1alpha1.EnforcementNone || b.TimeSliceInterval != v1alpha1.TimeSliceLong {
+		t.Errorf("request b: %+v", b)
+	}
+	// Configuration of other drivers is ignored; subrequests match their request.
+	other := claim("o", share("a/big", "gpu-0", "s-1", gib, 0))
+	withConfig(other, resourceapi.AllocationConfigSourceClaim, []string{"a"}, `"enforcement":"mps"`)
+	other.Status.Allocation.Devices.Config = append(other.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+		Source:              resourceapi.AllocationConfigSourceClaim,
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "gpu.nvidia.com"}},
+	})
+	got, err := ConfigFor(other, driver, other.Status.Allocation.Devices.Results[0])
+	if err != nil || got.Enforcement != v1alpha1.EnforcementMPS {
+		t.Errorf("subrequest: %+v %v", got, err)
+	}
+	none, _ := ConfigFor(claim("n", share("a", "gpu-0", "s", gib, 0)), driver, share("a", "gpu-0", "s", gib, 0))
+	if none.Enforcement != v1alpha1.EnforcementAuto || none.TimeSliceInterval != "" || len(none.FrameworkCaps) != 0 {
+		t.Errorf("defaults: %+v", none)
+	}
+}
+
+func TestTimeSliceConflict(t *testing.T) {
+	e := newEnv(t, withTimeSlices(4))
+	a := withConfig(claim("a", device("ts", "gpu-0-ts-0")), resourceapi.AllocationConfigSourceClaim, nil, `"timeSliceInterval":"Short"`)
+	b := withConfig(claim("b", device("ts", "gpu-0-ts-1")), resourceapi.AllocationConfigSourceClaim, nil, `"timeSliceInterval":"Long"`)
+	c := claim("c", device("ts", "gpu-0-ts-2"))
+	d := withConfig(claim("d", device("ts", "gpu-1-ts-0")), resourceapi.AllocationConfigSourceClaim, nil, `"timeSliceInterval":"Long"`)
+	e.prepare(a)
+	st, _ := timeslice.ReadRecorded(filepath.Join(e.dir, "mock-timeslice.json"))
+	if st[e.inv.GPUs[0].UUID] != v1alpha1.TimeSliceShort {
+		t.Errorf("interval not set: %v", st)
+	}
+	_, err := e.p.Prepare(e.ctx, b)
+	var conflict *timeslice.Conflict
+	if !errors.As(err, &conflict) || !strings.Contains(err.Error(), "ns/a") || !strings.Contains(err.Error(), "Long") || !strings.Contains(err.Error(), "Short") {
+		t.Fatalf("want a conflict naming ns/a, Short and Long: %v", err)
+	}
+	e.prepare(c) // no interval asked: no conflict
+	e.prepare(d) // another GPU
+	e.unprepare(a)
+	st, _ = timeslice.ReadRecorded(filepath.Join(e.dir, "mock-timeslice.json"))
+	if st[e.inv.GPUs[0].UUID] != v1alpha1.TimeSliceDefault {
+		t.Errorf("interval not reset: %v", st)
+	}
+	e.prepare(b) // now it can
+	for _, x := range []*resourceapi.ResourceClaim{b, c, d} {
+		e.unprepare(x)
+	}
+	e.assertClean()
+}
+
+func TestDeviceNeverHandedToTwoClaims(t *testing.T) {
+	e := newEnv(t, withTimeSlices(2))
+	e.prepare(claim("a", share("gpu", "gpu-0", "s-1", 10*gib, 0)))
+	for _, tt := range []struct {
+		claim *resourceapi.ResourceClaim
+		want  string
+	}{
+		{claim("b", share("gpu", "gpu-0", "s-2", 10*gib, 0)), "oversubscribed"},
+		{claim("c", share("gpu", "gpu-0", "s-1", gib, 0)), "share s-1 is already prepared"},
+		{claim("d", device("ts", "gpu-0-ts-1")), "carries a share"},
+		{claim("e", device("gpu", "gpu-0")), "oversubscribed"},
+		{claim("f", share("gpu", "gpu-7", "s-3", gib, 0)), "does not publish device gpu-7"},
+		{func() *resourceapi.ResourceClaim {
+			c := claim("g", share("gpu", "gpu-1", "s-4", gib, 0))
+			c.Status.Allocation.Devices.Results[0].Pool = "other-node"
+			return c
+		}(), "not this node's pool"},
+	} {
+		if _, err := e.p.Prepare(e.ctx, tt.claim); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: error %v, want %q", tt.claim.Name, err, tt.want)
+		}
+	}
+	e.prepare(claim("h", share("gpu", "gpu-0", "s-5", 4*gib, 0)))
+	e.prepare(claim("i", device("ts", "gpu-1-ts-0")))
+	if _, err := e.p.Prepare(e.ctx, claim("j", device("ts", "gpu-1-ts-0"))); err == nil || !strings.Contains(err.Error(), "already prepared for claim ns/i") {
+		t.Errorf("time slice twice: %v", err)
+	}
+}
+
+func TestReallocatedClaimIsRedone(t *testing.T) {
+	e := newEnv(t)
+	c := claim("c", share("gpu", "gpu-0", "s-1", gib, 0))
+	first := e.prepare(c)
+	c2 := claim("c", share("gpu", "gpu-1", "s-9", 2*gib, 0))
+	second := e.prepare(c2)
+	if slices.Equal(first, second) {
+		t.Fatal("same devices after reallocation")
+	}
+	env, devices := e.inject(second...)
+	if env["TESSERA_DEVICE"] != "gpu-1" || !slices.Contains(devices, "/dev/nvidia1") {
+		t.Errorf("env %v devices %v", env, devices)
+	}
+	e.unprepare(c2)
+	e.assertClean()
+}
+
+// TestManyClaimsInParallel prepares and unprepares hundreds of claims at
+// once (run it with -race).
+func TestManyClaimsInParallel(t *testing.T) {
+	e := newEnv(t, withTimeSlices(8))
+	const n = 300
+	var claims []*resourceapi.ResourceClaim
+	for i := range n {
+		var c *resourceapi.ResourceClaim
+		switch i % 3 {
+		case 0, 1:
+			c = claim("s"+strconv.Itoa(i), share("gpu", "gpu-0", "s-"+strconv.Itoa(i), 32<<20, 0))
+			if i%3 == 1 {
+				c = claim("s"+strconv.Itoa(i), share("gpu", "gpu-0", "s-"+strconv.Itoa(i), 48<<20, 1))
+			}
+		default:
+			// Time slices of gpu-1: only 8 exist, so most of these must fail.
+			c = claim("t"+strconv.Itoa(i), device("ts", "gpu-1-ts-"+strconv.Itoa(i%8)))
+		}
+		claims = append(claims, c)
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		ok   []*resourceapi.ResourceClaim
+		fail int
+	)
+	for _, c := range claims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := e.p.Prepare(e.ctx, c)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				fail++
+				if !strings.Contains(err.Error(), "already prepared") && !strings.Contains(err.Error(), "oversubscribed") {
+					t.Errorf("%s: %v", c.Name, err)
+				}
+				return
+			}
+			ok = append(ok, c)
+		}()
+	}
+	wg.Wait()
+	perSlice := map[string]int{}
+	var used int64
+	for _, c := range ok {
+		r := c.Status.Allocation.Devices.Results[0]
+		if strings.Contains(r.Device, "-ts-") {
+			perSlice[r.Device]++
+		} else {
+			q := r.ConsumedCapacity["memory"]
+			used += q.Value()
+		}
+	}
+	for dev, k := range perSlice {
+		if k != 1 {
+			t.Errorf("%s prepared %d times", dev, k)
+		}
+	}
+	if used > t4Usable {
+		t.Errorf("gpu-0 oversubscribed: %d bytes", used)
+	}
+	if len(e.files("cdi")) != len(ok) {
+		t.Errorf("%d specs for %d prepared claims", len(e.files("cdi")), len(ok))
+	}
+	t.Logf("%d prepared, %d refused", len(ok), fail)
+	for _, c := range claims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.p.Unprepare(e.ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, c.UID); err != nil {
+				t.Errorf("unprepare %s: %v", c.Name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	e.assertClean()
+}

@@ -1,0 +1,317 @@
+package prepare
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"sort"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/cdispec"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/mig"
+)
+
+// ClaimLister lists the cluster's ResourceClaims; only used to repair
+// lost records.
+type ClaimLister func(ctx context.Context) ([]resourceapi.ResourceClaim, error)
+
+// Recover brings the records and the node in line after a (re)start,
+// before the plugin serves:
+//   - records of this boot that completed are kept, and a spec or
+//     accounting directory that went missing is restored;
+//   - records still in PrepareStarted are rolled back: the kubelet never
+//     saw their result and will prepare again;
+//   - records from an earlier boot are dropped with their spec and
+//     accounting directory (MIG instances and time slices do not survive a
+//     reboot, so they are forgotten, not destroyed);
+//   - corrupt records are moved aside, and together with specs and
+//     accounting directories that no record explains, repaired from the API
+//     server: a claim still allocated to this node and reserved is prepared
+//     again (adopting its MIG instance); anything else is removed.
+//
+// Only an unusable checkpoint directory is an error. When the API server
+// cannot be reached, repairs are left pending for RunRepairs.
+func (p *Preparer) Recover(ctx context.Context, list ClaimLister) error {
+	logger := klog.FromContext(ctx)
+	loaded, err := p.opts.Checkpoints.Load()
+	if err != nil {
+		return err
+	}
+	var started []*checkpoint.Claim
+	for _, c := range loaded.Claims {
+		if c.State == checkpoint.PrepareStarted {
+			started = append(started, c)
+			continue
+		}
+		p.restore(ctx, c)
+	}
+	for _, c := range started {
+		p.update(c)
+		if err := p.undo(ctx, c, false); err != nil {
+			logger.Error(err, "Could not roll back an interrupted prepare; retrying on the next start or unprepare", "claim", klog.KRef(c.Namespace, c.Name), "uid", c.UID)
+			continue
+		}
+		logger.Info("Rolled back interrupted prepare", "claim", klog.KRef(c.Namespace, c.Name), "uid", c.UID)
+	}
+	for _, c := range loaded.Stale {
+		if err := p.removeFiles(c.UID, c.SpecName, c.AccountingDir); err == nil {
+			err = p.opts.Checkpoints.Delete(c.UID)
+		}
+		if err != nil {
+			logger.Error(err, "Could not remove the record of a claim prepared before the node rebooted", "uid", c.UID)
+			continue
+		}
+		logger.Info("Dropped claim prepared before the node rebooted", "claim", klog.KRef(c.Namespace, c.Name), "uid", c.UID)
+	}
+	pending := map[string]string{}
+	for _, c := range loaded.Corrupt {
+		aside, err := p.opts.Checkpoints.Quarantine(c.UID)
+		if err != nil {
+			logger.Error(err, "Could not move a corrupt checkpoint aside", "path", c.Path)
+		}
+		logger.Info("Checkpoint of claim is corrupt; moved it aside and rebuilding it from the API server and the CDI spec on disk", "uid", c.UID, "error", c.Err.Error(), "movedTo", aside)
+		pending[c.UID] = "corrupt checkpoint"
+	}
+	orphans, err := p.orphans()
+	if err != nil {
+		logger.Error(err, "Could not look for leftovers of earlier runs")
+	}
+	for uid, what := range orphans {
+		if _, ok := pending[uid]; !ok {
+			pending[uid] = what
+		}
+	}
+	p.mu.Lock()
+	p.pending = pending
+	p.mu.Unlock()
+	if len(pending) > 0 {
+		p.repair(ctx, list)
+	}
+	p.reportUnownedMIG(ctx)
+	return nil
+}
+
+// restore takes a completed record of this boot back into service.
+func (p *Preparer) restore(ctx context.Context, c *checkpoint.Claim) {
+	logger := klog.FromContext(ctx)
+	p.update(c)
+	for _, d := range c.Devices {
+		if d.TimeSliceInterval != "" {
+			p.opts.TimeSlice.Restore(d.GPUUUID, p.holder(c), v1alpha1.TimeSliceInterval(d.TimeSliceInterval))
+		}
+	}
+	if c.Spec != nil && !p.opts.CDI.Exists(c.SpecName) {
+		if err := p.opts.CDI.Write(c.SpecName, c.Spec); err != nil {
+			logger.Error(err, "Could not restore the CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
+		} else {
+			logger.Info("Restored missing CDI spec of prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "spec", c.SpecName)
+		}
+	}
+	if c.AccountingDir != "" {
+		if _, err := os.Stat(c.AccountingDir); errors.Is(err, fs.ErrNotExist) {
+			if err := os.MkdirAll(c.AccountingDir, 0o777); err == nil {
+				_ = os.Chmod(c.AccountingDir, 0o1777)
+			}
+		}
+	}
+}
+
+// orphans returns the claims with a spec or accounting directory but no
+// record.
+func (p *Preparer) orphans() (map[string]string, error) {
+	out := map[string]string{}
+	uids, err := p.opts.CDI.ClaimUIDs()
+	if err != nil {
+		return out, err
+	}
+	for _, uid := range uids {
+		if p.record(uid) == nil {
+			out[uid] = "CDI spec without checkpoint"
+		}
+	}
+	entries, err := os.ReadDir(p.opts.AccountingDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return out, err
+	}
+	for _, e := range entries {
+		if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil {
+			out[e.Name()] = "accounting directory without checkpoint"
+		}
+	}
+	return out, nil
+}
+
+// Pending returns the claims whose repair waits for the API server.
+func (p *Preparer) Pending() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.pending))
+	for uid := range p.pending {
+		out = append(out, uid)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// RunRepairs retries pending repairs every interval until none are left
+// or ctx ends.
+func (p *Preparer) RunRepairs(ctx context.Context, list ClaimLister, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for len(p.Pending()) > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.repair(ctx, list)
+	}
+}
+
+func (p *Preparer) repair(ctx context.Context, list ClaimLister) {
+	logger := klog.FromContext(ctx)
+	claims, err := list(ctx)
+	if err != nil {
+		logger.Error(err, "Cannot list ResourceClaims to repair lost checkpoints; retrying later", "pending", p.Pending())
+		return
+	}
+	byUID := map[string]*resourceapi.ResourceClaim{}
+	for i := range claims {
+		byUID[string(claims[i].UID)] = &claims[i]
+	}
+	for _, uid := range p.Pending() {
+		p.repairOne(ctx, uid, byUID[uid])
+	}
+}
+
+func (p *Preparer) repairOne(ctx context.Context, uid string, claim *resourceapi.ResourceClaim) {
+	logger := klog.FromContext(ctx)
+	unlock := p.locks.lock(uid)
+	defer unlock()
+	p.mu.Lock()
+	why, ok := p.pending[uid]
+	p.mu.Unlock()
+	if !ok {
+		return
+	}
+	done := func() {
+		p.mu.Lock()
+		delete(p.pending, uid)
+		p.mu.Unlock()
+	}
+	if p.record(uid) != nil {
+		// Prepared again by the kubelet meanwhile.
+		done()
+		return
+	}
+	if claim != nil && p.inUseHere(claim) {
+		if _, err := p.prepareLocked(ctx, claim, true); err != nil {
+			logger.Error(err, "Could not rebuild the checkpoint of a claim from the API server", "claim", klog.KObj(claim), "reason", why)
+			return
+		}
+		logger.Info("Repaired checkpoint of claim from the API server", "claim", klog.KObj(claim), "uid", uid, "reason", why)
+		done()
+		return
+	}
+	if err := p.removeLeftovers(ctx, uid); err != nil {
+		logger.Error(err, "Could not remove the leftovers of a claim", "uid", uid, "reason", why)
+		return
+	}
+	logger.Info("Removed leftovers of a claim that is no longer prepared on this node", "uid", uid, "reason", why)
+	done()
+}
+
+// inUseHere says whether a claim is allocated to this node's pool by our
+// driver and reserved for a consumer.
+func (p *Preparer) inUseHere(claim *resourceapi.ResourceClaim) bool {
+	if len(claim.Status.ReservedFor) == 0 {
+		return false
+	}
+	for _, r := range ourResults(claim, p.opts.DriverName) {
+		if r.Pool == p.opts.NodeName {
+			return true
+		}
+	}
+	return false
+}
+
+// removeLeftovers removes what a claim without a record may have left:
+// the MIG instances its spec on disk says were created for it, the spec
+// and the accounting directory.
+func (p *Preparer) removeLeftovers(ctx context.Context, uid string) error {
+	name := cdispec.SpecName(uid)
+	if spec, err := p.opts.CDI.Read(name); err == nil {
+		if raw := spec.Annotations[cdispec.AnnotationMIGInstances]; raw != "" {
+			var insts []mig.Instance
+			if err := json.Unmarshal([]byte(raw), &insts); err != nil {
+				klog.FromContext(ctx).Error(err, "CDI spec lists MIG instances unreadably; leaving them", "spec", name)
+			}
+			for _, inst := range insts {
+				if !inst.Created {
+					continue
+				}
+				if err := p.destroyMIG(ctx, uid, inst); err != nil {
+					return err
+				}
+				klog.FromContext(ctx).Info("Destroyed MIG device of a claim without checkpoint", "uid", uid, "instance", inst.String())
+			}
+		}
+	}
+	if err := p.removeFiles(uid, name, ""); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	delete(p.pending, uid)
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *Preparer) removeFiles(uid, specName, accountingDir string) error {
+	if specName == "" {
+		specName = cdispec.SpecName(uid)
+	}
+	if err := p.opts.CDI.Remove(specName); err != nil {
+		return err
+	}
+	if accountingDir == "" {
+		accountingDir = p.accountingDir(uid)
+	}
+	if err := os.RemoveAll(accountingDir); err != nil {
+		return fmt.Errorf("remove accounting directory: %w", err)
+	}
+	return nil
+}
+
+// reportUnownedMIG logs MIG instances in dynamic mode that no record
+// owns: Tessera did not create them (or lost every trace of doing so),
+// so it leaves them, but they block the placements the scheduler may
+// allocate.
+func (p *Preparer) reportUnownedMIG(ctx context.Context) {
+	inv, _ := p.model()
+	if inv == nil || p.opts.MIGMode != "dynamic" {
+		return
+	}
+	for _, gpu := range inv.GPUs {
+		if !gpu.MIGEnabled {
+			continue
+		}
+		all, err := p.opts.MIG.List(ctx, gpu.UUID)
+		if err != nil {
+			continue
+		}
+		for _, inst := range all {
+			if p.migOwner("", inst) == nil {
+				klog.FromContext(ctx).Info("MIG instance on a dynamically partitioned GPU is not owned by any prepared claim; Tessera did not record creating it and leaves it, but its placement is unusable",
+					"gpu", gpu.UUID, "gpuInstance", inst.GIID, "start", inst.Start)
+			}
+		}
+	}
+}
