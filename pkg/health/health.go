@@ -41,7 +41,7 @@ const (
 	// HealthCheckTimeout tells the kubelet when to consider a device's
 	// health unknown.
 	HealthCheckTimeout = 30 * time.Second
-	waitTimeoutMs      = 1000
+	waitTimeoutMs      = 200
 	noInstance         = 0xFFFFFFFF
 )
 

@@ -2,10 +2,15 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -15,8 +20,30 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/backend"
+	"github.com/tessera-dev/tessera/pkg/cdispec"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/enforce"
+	"github.com/tessera-dev/tessera/pkg/health"
+	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/prepare"
 	"github.com/tessera-dev/tessera/pkg/publish"
+	"github.com/tessera-dev/tessera/pkg/timeslice"
+)
+
+// Layout of the plugin data directory (besides the kubelet socket).
+const (
+	checkpointDir = "checkpoint"
+	accountingDir = "accounting"
+	mockDevDir    = "mock-dev"
+	// MockTimeSliceFile records the mock GPUs' time-slice intervals in the
+	// mock state directory.
+	MockTimeSliceFile = "mock-timeslice.json"
+	defaultBootIDPath = "/proc/sys/kernel/random/boot_id"
+	repairInterval    = 30 * time.Second
+	injectInterval    = 500 * time.Millisecond
 )
 
 // Driver implements kubeletplugin.DRAPlugin.
@@ -27,19 +54,50 @@ type Driver struct {
 	helper    *kubeletplugin.Helper
 	publisher *publish.Publisher
 	modelCfg  devicemodel.Config
+	preparer  *prepare.Preparer
+	health    *health.Monitor
+	status    *statusWriter
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// fatal is the error that stopped the plugin, if any.
+	fatal error
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 
 // Run starts the plugin and blocks until ctx ends.
 func Run(ctx context.Context, o *Options) error {
-	logger := klog.FromContext(ctx)
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	modelCfg, err := o.DeviceModelConfig()
+	client, err := kubeClient(o.Kubeconfig)
 	if err != nil {
 		return err
+	}
+	d, err := Start(ctx, o, client)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-d.ctx.Done():
+	}
+	d.Stop()
+	return d.fatal
+}
+
+// Start starts the plugin with a given client and returns once it serves
+// the kubelet. Stop it with Stop.
+func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Driver, finalErr error) {
+	logger := klog.FromContext(ctx)
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	modelCfg, err := o.DeviceModelConfig()
+	if err != nil {
+		return nil, err
 	}
 	bo := o.Backend
 	bo.Seed = o.NodeName
@@ -47,25 +105,55 @@ func Run(ctx context.Context, o *Options) error {
 		bo.MockStateDir = o.PluginDataDir
 	}
 	if err := os.MkdirAll(o.PluginDataDir, 0o750); err != nil {
-		return fmt.Errorf("--plugin-data-dir: %w", err)
+		return nil, fmt.Errorf("--plugin-data-dir: %w", err)
+	}
+	if err := os.MkdirAll(o.RegistrarDir, 0o750); err != nil {
+		return nil, fmt.Errorf("--registrar-dir: %w", err)
 	}
 	be, err := backend.Open(bo)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer be.Shutdown()
-
-	client, err := kubeClient(o.Kubeconfig)
-	if err != nil {
-		return err
-	}
-	d := &Driver{opts: o, backend: be, client: client, modelCfg: modelCfg}
+	ctx, cancel := context.WithCancel(ctx)
+	d := &Driver{opts: o, backend: be, client: client, modelCfg: modelCfg, ctx: ctx, cancel: cancel}
+	defer func() {
+		if finalErr != nil {
+			d.Stop()
+		}
+	}()
+	d.health = health.New(be, o.NodeName, xids(o.HealthIgnoredXIDs), func() {
+		if d.publisher != nil {
+			d.publisher.Trigger()
+		}
+	})
 	d.publisher = publish.NewPublisher(be, o.NodeName, d.deviceModelConfig, func(ctx context.Context, r resourceslice.DriverResources) error {
 		return d.helper.PublishResources(ctx, r)
 	})
 	// Discover before serving so that prepare has an inventory.
 	if err := d.publisher.Refresh(ctx); err != nil {
-		return err
+		return nil, err
+	}
+	d.status = newStatusWriter(client, devicemodel.DriverName)
+	d.preparer, err = d.newPreparer(ctx, bo)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.preparer.Recover(ctx, d.listClaims); err != nil {
+		return nil, fmt.Errorf("recover prepared claims: %w", err)
+	}
+	d.goRun(func() { d.status.Run(ctx, 2) })
+	if len(d.preparer.Pending()) > 0 {
+		d.goRun(func() { d.preparer.RunRepairs(ctx, d.listClaims, repairInterval) })
+	}
+	inv := d.publisher.Inventory()
+	d.goRun(func() {
+		if err := d.health.Run(ctx, inv); err != nil {
+			logger.Error(err, "GPU health monitoring stopped")
+		}
+	})
+	if be.Mock != nil {
+		path := filepath.Join(bo.MockStateDir, nvmlmock.InjectFileName)
+		d.goRun(func() { be.Mock.WatchInjectFile(ctx, path, injectInterval) })
 	}
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(devicemodel.DriverName),
@@ -74,48 +162,201 @@ func Run(ctx context.Context, o *Options) error {
 		kubeletplugin.RegistrarDirectoryPath(o.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(o.PluginDataDir),
 		kubeletplugin.CDIDirectory(o.CDIRoot),
+		// Prepare serializes per claim and per GPU itself.
+		kubeletplugin.Serialize(false),
 	)
 	if err != nil {
-		return fmt.Errorf("start kubelet plugin: %w", err)
+		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	d.helper = helper
-	defer helper.Stop()
 	if err := d.publisher.Sync(ctx); err != nil {
-		return fmt.Errorf("publish ResourceSlices: %w", err)
+		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	logger.Info("Tessera kubelet plugin running", "node", o.NodeName, "backend", o.Backend.Kind)
-	d.publisher.Run(ctx, o.RescanInterval)
-	return nil
+	d.goRun(func() { d.publisher.Run(ctx, o.RescanInterval) })
+	logger.Info("Tessera kubelet plugin running", "node", o.NodeName, "backend", o.Backend.Kind, "prepared", len(d.preparer.Prepared()))
+	return d, nil
 }
 
-func (d *Driver) deviceModelConfig() devicemodel.Config { return d.modelCfg }
+func (d *Driver) goRun(f func()) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		f()
+	}()
+}
 
-// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
-func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	out := map[types.UID]kubeletplugin.PrepareResult{}
-	for _, c := range claims {
-		out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare is not implemented yet")}
+// Stop stops serving and waits for background work to end.
+func (d *Driver) Stop() {
+	d.cancel()
+	if d.helper != nil {
+		d.helper.Stop()
 	}
+	d.wg.Wait()
+	d.backend.Shutdown()
+}
+
+func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.Preparer, error) {
+	o := d.opts
+	bootPath := o.BootIDPath
+	if bootPath == "" {
+		bootPath = defaultBootIDPath
+	}
+	store, err := checkpoint.Open(filepath.Join(o.PluginDataDir, checkpointDir), checkpoint.ReadBootID(bootPath))
+	if err != nil {
+		return nil, err
+	}
+	var (
+		nodes  cdispec.DeviceNodes
+		setter timeslice.Setter
+	)
+	if d.backend.Mock != nil {
+		root := o.MockDeviceRoot
+		if root == "" {
+			root = filepath.Join(o.PluginDataDir, mockDevDir)
+		}
+		nodes = cdispec.NewMockNodes(root)
+		setter = &timeslice.FileRecorder{Path: filepath.Join(bo.MockStateDir, MockTimeSliceFile)}
+	} else {
+		nodes = cdispec.HostNodes{DevRoot: "/dev", ProcRoot: "/proc"}
+		setter = timeslice.NvidiaSMI{Path: o.NvidiaSMI}
+	}
+	return prepare.New(prepare.Options{
+		DriverName:    devicemodel.DriverName,
+		NodeName:      o.NodeName,
+		Checkpoints:   store,
+		CDI:           cdispec.Dir{Path: o.CDIRoot},
+		Nodes:         nodes,
+		MIG:           mig.New(d.backend),
+		MIGMode:       d.modelCfg.MIGMode,
+		TimeSlice:     timeslice.NewManager(setter),
+		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir},
+		AccountingDir: filepath.Join(o.PluginDataDir, accountingDir),
+		Model: func() (*discover.Inventory, devicemodel.Config) {
+			return d.publisher.Inventory(), d.modelCfg
+		},
+		Status: d.status,
+		Crash:  o.crash,
+	}), nil
+}
+
+// deviceModelConfig is the node configuration plus a NoSchedule taint on
+// every unhealthy device.
+func (d *Driver) deviceModelConfig() devicemodel.Config {
+	cfg := d.modelCfg
+	if d.health == nil || d.publisher == nil {
+		return cfg
+	}
+	inv := d.publisher.Inventory()
+	if inv == nil {
+		return cfg
+	}
+	if taints := d.health.Taints(inv, d.deviceNames(inv)); len(taints) > 0 {
+		cfg.Taints = taints
+	}
+	return cfg
+}
+
+// deviceNames are the devices the node publishes.
+func (d *Driver) deviceNames(inv *discover.Inventory) []string {
+	slices, err := devicemodel.Build(inv, d.modelCfg)
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, s := range slices {
+		for _, dev := range s.Devices {
+			names = append(names, dev.Name)
+		}
+	}
+	return names
+}
+
+func (d *Driver) listClaims(ctx context.Context) ([]resourceapi.ResourceClaim, error) {
+	list, err := d.client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin. Claims are
+// prepared in parallel; a failure fails only its claim.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	var mu sync.Mutex
+	parallel(len(claims), func(i int) {
+		c := claims[i]
+		devices, err := d.preparer.Prepare(ctx, c)
+		if err != nil {
+			err = fmt.Errorf("prepare claim %s/%s: %w", c.Namespace, c.Name, err)
+			klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(c))
+		}
+		mu.Lock()
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: devices, Err: err}
+		mu.Unlock()
+	})
 	return out, nil
 }
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	out := map[types.UID]error{}
-	for _, c := range claims {
-		out[c.UID] = nil
-	}
+	out := make(map[types.UID]error, len(claims))
+	var mu sync.Mutex
+	parallel(len(claims), func(i int) {
+		c := claims[i]
+		err := d.preparer.Unprepare(ctx, c.NamespacedName, c.UID)
+		if err != nil {
+			err = fmt.Errorf("unprepare claim %s: %w", c.String(), err)
+			klog.FromContext(ctx).Error(err, "Unprepare failed")
+		}
+		mu.Lock()
+		out[c.UID] = err
+		mu.Unlock()
+	})
 	return out, nil
+}
+
+func parallel(n int, f func(int)) {
+	if n == 1 {
+		f(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
 
 // HandleError implements kubeletplugin.DRAPlugin.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
-	klog.FromContext(ctx).Error(err, msg)
+	if errors.Is(err, kubeletplugin.ErrRecoverable) {
+		klog.FromContext(ctx).Error(err, msg)
+		return
+	}
+	klog.FromContext(ctx).Error(err, msg+"; stopping")
+	d.fatal = fmt.Errorf("%s: %w", msg, err)
+	d.cancel()
 }
 
-// WatchHealthStatus implements kubeletplugin.DRAPlugin.
+// WatchHealthStatus implements kubeletplugin.DRAPlugin from NVML events.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
+	return d.health.Watch(ctx, reports, func() (*discover.Inventory, []string) {
+		inv := d.publisher.Inventory()
+		return inv, d.deviceNames(inv)
+	})
+}
+
+func xids(in []uint) []uint64 {
+	out := make([]uint64, 0, len(in))
+	for _, x := range in {
+		out = append(out, uint64(x))
+	}
+	return out
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {

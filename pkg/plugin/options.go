@@ -35,6 +35,20 @@ type Options struct {
 	MockDeviceRoot    string
 	InterposerLibrary string
 	PrintSlices       bool
+	// MPSPipeDir is where the node's MPS control daemons keep their pipe
+	// directories (<dir>/<gpu-uuid> or <dir> for one daemon for all GPUs).
+	MPSPipeDir string
+	// NvidiaSMI is the nvidia-smi binary that sets GPU time slices.
+	NvidiaSMI string
+	// HealthIgnoredXIDs are XIDs that do not make a device unhealthy.
+	HealthIgnoredXIDs []uint
+	// BootIDPath is where the node's boot ID is read (no flag; tests
+	// change it). Empty means /proc/sys/kernel/random/boot_id.
+	BootIDPath string
+
+	// crash, when set, is called at named points of prepare and unprepare
+	// (crash-injection tests).
+	crash func(point string)
 }
 
 // AddFlags registers the options. The names are a contract: scripts and the
@@ -59,6 +73,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MockDeviceRoot, "mock-device-root", "", "In mock mode, directory holding fake device nodes (dev/nvidia0, ...) that CDI specs point at, so containers start without GPUs.")
 	fs.StringVar(&o.InterposerLibrary, "interposer-library", "", "Path on the node of a HAMi-core compatible CUDA interposer (libvgpu.so); when set, share claims mount and preload it.")
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
+	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
+	fs.StringVar(&o.NvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary used to set GPU time-slice intervals (--gpu-backend=nvml).")
+	fs.UintSliceVar(&o.HealthIgnoredXIDs, "health-ignored-xids", []uint{13, 31, 43, 45, 68, 109}, "XID errors caused by applications that do not make a GPU unhealthy; any other XID taints the device.")
 }
 
 // DeviceModelConfig validates the options that shape the device model.
@@ -92,6 +109,12 @@ func (o *Options) DeviceModelConfig() (devicemodel.Config, error) {
 func (o *Options) Validate() error {
 	if o.NodeName == "" {
 		return fmt.Errorf("--node-name is required (or set NODE_NAME)")
+	}
+	if o.CDIRoot == "" {
+		return fmt.Errorf("--cdi-root must not be empty")
+	}
+	if o.PluginDataDir == "" {
+		return fmt.Errorf("--plugin-data-dir must not be empty")
 	}
 	if o.RescanInterval < time.Second {
 		return fmt.Errorf("--rescan-interval=%s is too short: use at least 1s", o.RescanInterval)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -281,8 +282,12 @@ func (p *Preparer) reserve(pl *plan) error {
 				for _, u := range uses {
 					others = append(others, ref(u.claim))
 				}
-				return fmt.Errorf("device %s would be oversubscribed: %d bytes prepared for claims %v plus %d bytes for this claim exceed its %d bytes; refusing to prepare",
-					dev, total-mine[dev]-d.alloc.Memory, others, d.alloc.Memory, capacity)
+				sort.Strings(others)
+				if len(others) > 3 {
+					others = append(others[:3], fmt.Sprintf("and %d more", len(others)-3))
+				}
+				return fmt.Errorf("device %s would be oversubscribed: %d bytes prepared for claims %s plus %d bytes for this claim exceed its %d bytes; refusing to prepare",
+					dev, total-mine[dev]-d.alloc.Memory, strings.Join(others, ", "), d.alloc.Memory, capacity)
 			}
 			mine[dev] += d.alloc.Memory
 			if c := byGPU[d.gpu.UUID][devicemodel.TypeTimeSlice]; c != nil {

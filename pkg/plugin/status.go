@@ -1,0 +1,151 @@
+package plugin
+
+import (
+	"context"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	resourceac "k8s.io/client-go/applyconfigurations/resource/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/pkg/prepare"
+)
+
+// statusFieldManager owns the plugin's entries in status.devices.
+const statusFieldManager = "gpu.tessera.dev/kubelet-plugin"
+
+// maxStatusRetries bounds how often a failed status write is retried.
+const maxStatusRetries = 8
+
+// statusWriter writes status.devices of prepared claims in the
+// background with server-side apply, so that the entries of other drivers
+// are left alone and prepare never waits for the API server. Writing
+// needs RBAC on resourceclaims/status (patch) and on the synthetic
+// resourceclaims/driver subresource (verb associated-node:patch,
+// resourceNames gpu.tessera.dev). A failure is logged and retried a few
+// times; it never fails prepare: the status is information for users, the
+// CDI spec is what the workload gets.
+type statusWriter struct {
+	client kubernetes.Interface
+	driver string
+	queue  workqueue.TypedRateLimitingInterface[types.UID]
+
+	mu      sync.Mutex
+	desired map[types.UID]statusEntry
+}
+
+type statusEntry struct {
+	claim   types.NamespacedName
+	devices []resourceapi.AllocatedDeviceStatus
+}
+
+var _ prepare.StatusWriter = (*statusWriter)(nil)
+
+func newStatusWriter(client kubernetes.Interface, driver string) *statusWriter {
+	return &statusWriter{
+		client: client, driver: driver, desired: map[types.UID]statusEntry{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](),
+			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "claim-status"}),
+	}
+}
+
+// Set implements prepare.StatusWriter.
+func (w *statusWriter) Set(_ context.Context, claim types.NamespacedName, uid types.UID, devices []resourceapi.AllocatedDeviceStatus) {
+	w.mu.Lock()
+	w.desired[uid] = statusEntry{claim: claim, devices: devices}
+	w.mu.Unlock()
+	w.queue.Add(uid)
+}
+
+// Clear implements prepare.StatusWriter.
+func (w *statusWriter) Clear(_ context.Context, claim types.NamespacedName, uid types.UID) {
+	w.mu.Lock()
+	w.desired[uid] = statusEntry{claim: claim}
+	w.mu.Unlock()
+	w.queue.Add(uid)
+}
+
+// Run processes updates with the given number of workers until ctx ends.
+func (w *statusWriter) Run(ctx context.Context, workers int) {
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for w.next(ctx) {
+			}
+		}()
+	}
+	<-ctx.Done()
+	w.queue.ShutDown()
+	wg.Wait()
+}
+
+func (w *statusWriter) next(ctx context.Context) bool {
+	uid, shutdown := w.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer w.queue.Done(uid)
+	w.mu.Lock()
+	entry, ok := w.desired[uid]
+	w.mu.Unlock()
+	if !ok {
+		w.queue.Forget(uid)
+		return true
+	}
+	err := w.write(ctx, uid, entry)
+	logger := klog.FromContext(ctx)
+	switch {
+	case err == nil, apierrors.IsNotFound(err), apierrors.IsConflict(err) && entry.devices == nil:
+		w.queue.Forget(uid)
+		w.mu.Lock()
+		// Only drop what was written; a newer desire stays queued.
+		if cur, ok := w.desired[uid]; ok && sameEntry(cur, entry) {
+			delete(w.desired, uid)
+		}
+		w.mu.Unlock()
+	case w.queue.NumRequeues(uid) < maxStatusRetries:
+		logger.V(2).Info("Writing claim status failed; retrying", "claim", entry.claim, "error", err.Error())
+		w.queue.AddRateLimited(uid)
+	default:
+		logger.Info("Warning: giving up writing status.devices of claim; the claim is prepared, only its status lacks the devices (check RBAC on resourceclaims/status and resourceclaims/driver)",
+			"claim", entry.claim, "error", err.Error())
+		w.queue.Forget(uid)
+	}
+	return true
+}
+
+func sameEntry(a, b statusEntry) bool {
+	if a.claim != b.claim || len(a.devices) != len(b.devices) || (a.devices == nil) != (b.devices == nil) {
+		return false
+	}
+	for i := range a.devices {
+		if a.devices[i].Device != b.devices[i].Device || string(a.devices[i].Data.Raw) != string(b.devices[i].Data.Raw) {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *statusWriter) write(ctx context.Context, uid types.UID, e statusEntry) error {
+	status := resourceac.ResourceClaimStatus()
+	for _, d := range e.devices {
+		ds := resourceac.AllocatedDeviceStatus().WithDriver(d.Driver).WithPool(d.Pool).WithDevice(d.Device)
+		if d.ShareID != nil {
+			ds = ds.WithShareID(*d.ShareID)
+		}
+		if d.Data != nil {
+			ds = ds.WithData(*d.Data)
+		}
+		status = status.WithDevices(ds)
+	}
+	ac := resourceac.ResourceClaim(e.claim.Name, e.claim.Namespace).WithUID(uid).WithStatus(status)
+	_, err := w.client.ResourceV1().ResourceClaims(e.claim.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: statusFieldManager, Force: true})
+	return err
+}
