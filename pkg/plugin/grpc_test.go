@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2/ktesting"
 	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1"
-	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/health"
