@@ -1,0 +1,138 @@
+{{/* The driver name is fixed: DeviceClasses, ResourceSlices and the plugin agree on it. */}}
+{{- define "tessera.driverName" -}}gpu.tessera.dev{{- end -}}
+
+{{- define "tessera.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tessera.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tessera.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "tessera.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tessera
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: include with (dict "ctx" $ "component" "controller"). */}}
+{{- define "tessera.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tessera.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tessera.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "tessera.plugin.fullname" -}}{{ include "tessera.fullname" . | trunc 48 | trimSuffix "-" }}-kubelet-plugin{{- end -}}
+{{- define "tessera.controller.fullname" -}}{{ include "tessera.fullname" . | trunc 52 | trimSuffix "-" }}-controller{{- end -}}
+
+{{- define "tessera.plugin.serviceAccountName" -}}
+{{- if .Values.kubeletPlugin.serviceAccount.create -}}
+{{- default (include "tessera.plugin.fullname" .) .Values.kubeletPlugin.serviceAccount.name -}}
+{{- else -}}
+{{- required "kubeletPlugin.serviceAccount.name is required when kubeletPlugin.serviceAccount.create is false" .Values.kubeletPlugin.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tessera.controller.serviceAccountName" -}}
+{{- if .Values.controller.serviceAccount.create -}}
+{{- default (include "tessera.controller.fullname" .) .Values.controller.serviceAccount.name -}}
+{{- else -}}
+{{- required "controller.serviceAccount.name is required when controller.serviceAccount.create is false" .Values.controller.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Webhook objects: the controller is told these names so that it patches exactly them. */}}
+{{- define "tessera.webhook.serviceName" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
+{{- define "tessera.webhook.mutatingName" -}}{{ include "tessera.fullname" . }}-pod-admission{{- end -}}
+{{- define "tessera.webhook.validatingName" -}}{{ include "tessera.fullname" . }}-queue-validation{{- end -}}
+{{- define "tessera.webhook.secretName" -}}
+{{- default (printf "%s-webhook-tls" (include "tessera.fullname" .)) .Values.webhook.certificates.secretName -}}
+{{- end -}}
+{{- define "tessera.webhook.certName" -}}{{ include "tessera.fullname" . }}-webhook{{- end -}}
+
+{{/* Host names the serving certificate covers: the URL's host, or the Service's DNS names. */}}
+{{- define "tessera.webhook.certHosts" -}}
+{{- if .Values.webhook.url -}}
+{{- (urlParse .Values.webhook.url).hostname -}}
+{{- else -}}
+{{- $svc := include "tessera.webhook.serviceName" . -}}
+{{- printf "%s.%s.svc,%s.%s.svc.cluster.local" $svc .Release.Namespace $svc .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* clientConfig of one webhook: include with (dict "ctx" $ "path" "/x"). */}}
+{{- define "tessera.webhook.clientConfig" -}}
+{{- if .ctx.Values.webhook.url }}
+url: {{ printf "%s%s" (trimSuffix "/" .ctx.Values.webhook.url) .path | quote }}
+{{- else }}
+service:
+  name: {{ include "tessera.webhook.serviceName" .ctx }}
+  namespace: {{ .ctx.Release.Namespace }}
+  port: 443
+  path: {{ .path | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Does the plugin need a ConfigMap (mock node description, per-GPU time slices)? */}}
+{{- define "tessera.plugin.needsConfig" -}}
+{{- if or .Values.kubeletPlugin.timeSlicesPerGPU (and (eq .Values.kubeletPlugin.gpuBackend "mock") .Values.kubeletPlugin.mock.config) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Class-level GpuConfig, or nothing. */}}
+{{- define "tessera.deviceClassConfig" -}}
+{{- $d := .Values.deviceClasses.defaults -}}
+{{- if or $d.enforcement $d.timeSliceInterval $d.frameworkCaps }}
+config:
+- opaque:
+    driver: {{ include "tessera.driverName" . }}
+    parameters:
+      apiVersion: tessera.dev/v1alpha1
+      kind: GpuConfig
+      {{- with $d.enforcement }}
+      enforcement: {{ . }}
+      {{- end }}
+      {{- with $d.timeSliceInterval }}
+      timeSliceInterval: {{ . }}
+      {{- end }}
+      {{- with $d.frameworkCaps }}
+      frameworkCaps: {{ toJson . }}
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Checks of combinations the schema cannot express. */}}
+{{- define "tessera.validate" -}}
+{{- if and .Values.controller.enabled (gt (int .Values.controller.replicas) 1) (not .Values.controller.leaderElection.enabled) -}}
+{{- fail "controller.replicas > 1 needs controller.leaderElection.enabled=true" -}}
+{{- end -}}
+{{- if and .Values.webhook.enabled (not .Values.controller.enabled) -}}
+{{- fail "webhook.enabled=true needs controller.enabled=true: the controller serves the webhooks" -}}
+{{- end -}}
+{{- if and (eq .Values.kubeletPlugin.healthcheck.mode "exec") (not .Values.kubeletPlugin.healthcheck.exec.command) -}}
+{{- fail "kubeletPlugin.healthcheck.mode=exec needs kubeletPlugin.healthcheck.exec.command" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's verbosity: (list override global); 0 is a valid override. */}}
+{{- define "tessera.verbosity" -}}
+{{- if kindIs "invalid" (index . 0) -}}{{ index . 1 }}{{- else -}}{{ index . 0 }}{{- end -}}
+{{- end -}}
