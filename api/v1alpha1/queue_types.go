@@ -33,6 +33,9 @@ const (
 	// AdmissionCondition is the pod condition that says whether and why a
 	// pod waits for admission.
 	AdmissionCondition = "tessera.dev/Admission"
+	// NodeAnnotation records the node the admission simulation placed the
+	// pod's claims on; a restarted controller places them there again.
+	NodeAnnotation = "tessera.dev/simulated-node"
 )
 
 // ResourceList is an amount per accounted resource.
@@ -74,7 +77,8 @@ type QueueSpec struct {
 	// +optional
 	Priority int32 `json:"priority,omitempty"`
 	// Resources bounds the accounted resources (gpu.tessera.dev/memory,
-	// gpu.tessera.dev/gpus). A resource not listed has quota 0 and no limit.
+	// gpu.tessera.dev/gpus). Quota decisions look only at the resources
+	// listed; a queue that lists none has quota 0 and no limit in both.
 	// +optional
 	// +kubebuilder:validation:MaxProperties=2
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'gpu.tessera.dev/memory' || k == 'gpu.tessera.dev/gpus')",message="accounted resources are gpu.tessera.dev/memory and gpu.tessera.dev/gpus"

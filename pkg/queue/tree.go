@@ -20,6 +20,10 @@ type Queue struct {
 	// Limit per resource; NoLimit where unset.
 	Limit  Vector
 	Weight Vector
+	// Bounded marks the resources the queue lists in spec.resources; quota
+	// decisions look only at these. A queue that lists none is bounded in
+	// all of them with quota 0.
+	Bounded [NumResources]bool
 	// Invalid says why the queue cannot take workloads (unknown parent,
 	// cycle); empty when it can.
 	Invalid string
@@ -64,6 +68,7 @@ func FromAPI(obj *v1alpha1.Queue) *Queue {
 		if !ok {
 			continue
 		}
+		q.Bounded[r] = true
 		if res.Quota != nil {
 			q.Quota[r] = max(0, FromQuantity(r, *res.Quota))
 		}
@@ -73,6 +78,9 @@ func FromAPI(obj *v1alpha1.Queue) *Queue {
 		if res.OverQuotaWeight != nil {
 			q.Weight[r] = int64(max(0, *res.OverQuotaWeight))
 		}
+	}
+	if q.Bounded == [NumResources]bool{} {
+		q.Bounded = [NumResources]bool{true, true}
 	}
 	return q
 }
@@ -226,10 +234,11 @@ func CheckLimits(q *Queue, charge Vector) *Violation {
 
 // CheckQuota returns the first quota the charge overruns on q or an
 // ancestor, or nil when the charge stays within quota all the way up.
+// Only the resources a queue bounds count.
 func CheckQuota(q *Queue, charge Vector) *Violation {
 	for n := q; n != nil; n = n.Parent {
 		for r := range NumResources {
-			if charge[r] > 0 && n.Allocated[r]+charge[r] > n.Quota[r] {
+			if n.Bounded[r] && charge[r] > 0 && n.Allocated[r]+charge[r] > n.Quota[r] {
 				return &Violation{Queue: n, Resource: r, Need: charge[r], InUse: n.Allocated[r], Quota: n.Quota[r], Limit: n.Limit[r]}
 			}
 		}
@@ -237,10 +246,11 @@ func CheckQuota(q *Queue, charge Vector) *Violation {
 	return nil
 }
 
-// OverQuota says whether q holds more than its quota of some resource.
+// OverQuota says whether q holds more than its quota of some resource it
+// bounds.
 func (q *Queue) OverQuota() bool {
 	for r := range NumResources {
-		if q.Allocated[r] > q.Quota[r] {
+		if q.Bounded[r] && q.Allocated[r] > q.Quota[r] {
 			return true
 		}
 	}
@@ -253,7 +263,7 @@ func (q *Queue) OverQuota() bool {
 func CanGive(q, stop *Queue, v Vector) bool {
 	for n := q; n != nil && n != stop; n = n.Parent {
 		for r := range NumResources {
-			if v[r] > 0 && n.Allocated[r]-v[r] < n.Quota[r] {
+			if n.Bounded[r] && v[r] > 0 && n.Allocated[r]-v[r] < n.Quota[r] {
 				return false
 			}
 		}

@@ -1,0 +1,278 @@
+package admission_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/admission"
+	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/demand"
+	"github.com/tessera-dev/tessera/pkg/queue"
+)
+
+var (
+	propertySeeds = flag.Int("property-seeds", 16, "random sequences TestProperty runs")
+	propertySteps = flag.Int("property-steps", 100, "steps per sequence")
+)
+
+// TestProperty drives random sequences of submissions (pods and gangs, some
+// of them bad input), completions, evictions completing, scheduler runs and
+// controller restarts, and checks after every cycle that
+//   - no queue holds more than its limit, on any level of the hierarchy,
+//     counting the real allocation of allocated claims and the estimate of
+//     the others;
+//   - everything admitted can be placed: whenever no pod is terminating,
+//     the scheduler (the same allocator, on its own, binding ungated pods
+//     right after each cycle) places every admitted pod, i.e. nothing was
+//     admitted beyond what the cluster holds;
+//   - gangs are admitted whole.
+func TestProperty(t *testing.T) {
+	for seed := range *propertySeeds {
+		t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
+			runProperty(t, uint64(seed), *propertySteps)
+		})
+	}
+}
+
+func runProperty(t *testing.T, seed uint64, steps int) {
+	rng := rand.New(rand.NewPCG(seed, 42))
+	c := cfg()
+	c.Reclaim = rng.IntN(4) != 0
+	w := newWorld(t, c)
+	profiles := []NodeOptions{{Profile: "h100-80gb:2"}, {Profile: "a100-40gb:2"}, {Profile: "l4:2", TimeSlices: 2}}
+	prof := profiles[rng.IntN(len(profiles))]
+	for i := range 1 + rng.IntN(3) {
+		w.node(fmt.Sprintf("n%d", i), prof)
+	}
+	w.queue(Queue("org", "", "60Gi", "120Gi"))
+	w.queue(Queue("a", "org", "30Gi", "60Gi"))
+	w.queue(Queue("b", "org", "30Gi", ""))
+	w.queue(Queue("c", "", "", "90Gi"))
+	w.queue(Queue("d", "", "40Gi", ""))
+	templates := []string{"whole", "s4", "s10", "s20", "two"}
+	w.template(Template("ns", "whole", Request{}))
+	w.template(Template("ns", "s4", Request{Memory: "4Gi"}))
+	w.template(Template("ns", "s10", Request{Memory: "10Gi"}))
+	w.template(Template("ns", "s20", Request{Memory: "20Gi"}))
+	w.template(Template("ns", "two", Request{Count: 2}))
+	if prof.TimeSlices > 0 {
+		templates = append(templates, "ts")
+		w.template(Template("ns", "ts", Request{Class: "timeslice.tessera.dev"}))
+	}
+	leaves := []string{"a", "b", "c", "d"}
+	seq := 0
+	gangs := map[string][]string{} // gangs with members still to submit
+	for step := range steps {
+		switch op := rng.IntN(10); {
+		case op < 4:
+			seq++
+			q := leaves[rng.IntN(len(leaves))]
+			tm := templates[rng.IntN(len(templates))]
+			if rng.IntN(3) == 0 {
+				// A gang; some members come later.
+				size := 2 + rng.IntN(3)
+				g := fmt.Sprintf("g%d", seq)
+				now := 1 + rng.IntN(size)
+				for i := range size {
+					name := fmt.Sprintf("%s-%d", g, i)
+					if i < now {
+						w.pod(name, PodOptions{Queue: q, Gang: g, GangSize: fmt.Sprint(size), Templates: []string{tm}})
+					} else {
+						gangs[g] = append(gangs[g], name+"|"+q+"|"+tm+"|"+fmt.Sprint(size))
+					}
+				}
+			} else {
+				qq := q
+				if rng.IntN(15) == 0 {
+					qq = "org" // bad input: not a leaf
+				}
+				t.Logf("step %d: submit p%d to %s with %s", step, seq, qq, tm)
+				w.pod(fmt.Sprintf("p%d", seq), PodOptions{Queue: qq, Templates: []string{tm}})
+			}
+		case op < 5:
+			var open []string
+			for g := range gangs {
+				open = append(open, g)
+			}
+			sort.Strings(open)
+			for _, g := range open {
+				rest := gangs[g]
+				var name, q, tm, size string
+				fmt.Sscanf(replaceBars(rest[0]), "%s %s %s %s", &name, &q, &tm, &size)
+				w.pod(name, PodOptions{Queue: q, Gang: g, GangSize: size, Templates: []string{tm}})
+				gangs[g] = rest[1:]
+				if len(gangs[g]) == 0 {
+					delete(gangs, g)
+				}
+				break
+			}
+		case op < 7:
+			// Complete a running pod.
+			var running []string
+			for _, p := range w.snap.Pods {
+				if p.Spec.NodeName != "" && p.Status.Phase == "" && p.DeletionTimestamp == nil {
+					running = append(running, p.Name)
+				}
+			}
+			if len(running) > 0 {
+				n := running[rng.IntN(len(running))]
+				t.Logf("step %d: finish %s", step, n)
+				w.finish(n)
+			}
+		case op < 8:
+			// Evictions complete.
+			var gone []string
+			for _, p := range w.snap.Pods {
+				if p.DeletionTimestamp != nil {
+					gone = append(gone, p.Name)
+				}
+			}
+			t.Logf("step %d: remove %v", step, gone)
+			w.remove(gone...)
+		default:
+			t.Logf("step %d: restart", step)
+			w.restart(c)
+		}
+		w.cycle()
+		for _, a := range w.last.Admit {
+			t.Logf("step %d: admit %s on %v (%s)", step, a.Workload.Key, a.Nodes, a.Charge)
+		}
+		for _, e := range w.last.Evict {
+			t.Logf("step %d: evict %s", step, e.Workload.Key)
+		}
+		checkGangsWhole(t, w, step)
+		checkLimits(t, w, step)
+		// kube-scheduler binds ungated pods right away; the controller's
+		// cycles are slower.
+		w.schedule()
+		checkPlaceable(t, w, step)
+	}
+}
+
+func replaceBars(s string) string {
+	out := []byte(s)
+	for i := range out {
+		if out[i] == '|' {
+			out[i] = ' '
+		}
+	}
+	return string(out)
+}
+
+func checkGangsWhole(t *testing.T, w *world, step int) {
+	t.Helper()
+	for _, a := range w.last.Admit {
+		if a.Workload.Gang && len(a.Pods) < a.Workload.Size {
+			t.Fatalf("step %d: gang %s admitted with %d of %d members", step, a.Workload.Name, len(a.Pods), a.Workload.Size)
+		}
+	}
+}
+
+// checkLimits recomputes what every queue holds from the world, without
+// the engine: claims of live admitted pods, once each, at the real charge
+// of their allocation or the estimate.
+func checkLimits(t *testing.T, w *world, step int) {
+	t.Helper()
+	ctx := context.Background()
+	cat := demand.NewCatalog(w.snap.Slices, w.snap.Classes, cel.NewCache(100, cel.Features{}))
+	tree := queue.NewTree(w.snap.Queues)
+	seen := map[string]bool{}
+	objs := worldObjects{w}
+	for _, p := range w.snap.Pods {
+		if admission.HasAdmissionGate(p) || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		q := tree.Queues[p.Labels[v1alpha1.QueueLabel]]
+		if q == nil {
+			continue
+		}
+		pcs, err := demand.PodClaims(p, objs)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		for _, pc := range pcs {
+			if seen[pc.Key] {
+				continue
+			}
+			seen[pc.Key] = true
+			var v queue.Vector
+			if pc.Allocated() {
+				v = cat.ChargeAllocation(pc.Claim.Status.Allocation)
+			} else {
+				v, err = cat.EstimateClaim(ctx, pc.Display, &pc.Claim.Spec)
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+			}
+			queue.Charge(q, v)
+		}
+	}
+	for _, q := range tree.Queues {
+		for r := range queue.NumResources {
+			if q.Limit[r] != queue.NoLimit && q.Allocated[r] > q.Limit[r] {
+				t.Fatalf("step %d: queue %s holds %s of %s, limit %s", step, q.Name,
+					queue.FormatAmount(queue.Resource(r), q.Allocated[r]), queue.HumanName(queue.Resource(r)), queue.FormatAmount(queue.Resource(r), q.Limit[r]))
+			}
+		}
+	}
+}
+
+// checkPlaceable: with nothing terminating, every admitted pod got placed
+// by the scheduler.
+func checkPlaceable(t *testing.T, w *world, step int) {
+	t.Helper()
+	for _, p := range w.snap.Pods {
+		if p.DeletionTimestamp != nil {
+			return
+		}
+	}
+	for _, p := range w.snap.Pods {
+		if !admission.HasAdmissionGate(p) && p.Status.Phase == "" && p.Spec.NodeName == "" {
+			for _, c := range w.snap.Claims {
+				if a := c.Status.Allocation; a != nil {
+					for _, r := range a.Devices.Results {
+						t.Logf("claim %s: %s/%s consumed %v", c.Name, r.Pool, r.Device, r.ConsumedCapacity)
+					}
+				}
+			}
+			for _, q := range w.snap.Pods {
+				t.Logf("pod %s gated=%v node=%s phase=%s deleting=%v", q.Name, admission.HasAdmissionGate(q), q.Spec.NodeName, q.Status.Phase, q.DeletionTimestamp != nil)
+			}
+			t.Fatalf("step %d: admitted pod %s does not fit anywhere", step, p.Name)
+		}
+	}
+}
+
+type worldObjects struct{ w *world }
+
+func (o worldObjects) Claim(ns, name string) *resourceClaim {
+	for _, c := range o.w.snap.Claims {
+		if c.Namespace == ns && c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func (o worldObjects) Template(ns, name string) *resourceClaimTemplate {
+	for _, t := range o.w.snap.Templates {
+		if t.Namespace == ns && t.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+type (
+	resourceClaim         = resourceapi.ResourceClaim
+	resourceClaimTemplate = resourceapi.ResourceClaimTemplate
+)

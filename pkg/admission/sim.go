@@ -1,0 +1,344 @@
+package admission
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/demand"
+)
+
+// simNode is a node of the simulated cluster: its slices and what is
+// allocated on it. The scheduler's allocator only looks at a node's own
+// slices, so a per-node state is equivalent to the cluster's and keeps
+// every simulation step small.
+type simNode struct {
+	idx    int
+	node   *corev1.Node
+	slices []*resourceapi.ResourceSlice
+	state  *allocation.State
+	// version changes whenever state does; failures are cached per version.
+	version uint64
+	// usable: Ready and not cordoned. plain: usable and untainted.
+	usable, plain bool
+}
+
+// holding is an allocation a workload holds on a node.
+type holding struct {
+	node   *simNode
+	result *resourceapi.AllocationResult
+}
+
+// cluster simulates placement with the scheduler's allocator.
+type cluster struct {
+	nodes    []*simNode
+	byName   map[string]*simNode
+	poolNode map[string]*simNode // driver/pool -> node
+	classes  allocation.Classes
+	features structured.Features
+	cel      *cel.Cache
+	fails    map[failKey]uint64
+	fitCache map[filterKey]bool
+	specSigs map[*resourceapi.ResourceClaim]string
+	calls    int
+}
+
+type failKey struct {
+	node int
+	sig  string
+}
+
+type filterKey struct {
+	node int
+	sig  string
+}
+
+func newCluster(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, features structured.Features, celCache *cel.Cache) *cluster {
+	c := &cluster{
+		byName:   map[string]*simNode{},
+		poolNode: map[string]*simNode{},
+		classes:  allocation.Classes(classes),
+		features: features,
+		cel:      celCache,
+		fails:    map[failKey]uint64{},
+		fitCache: map[filterKey]bool{},
+		specSigs: map[*resourceapi.ResourceClaim]string{},
+	}
+	sorted := append([]*corev1.Node(nil), nodes...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	for i, n := range sorted {
+		sn := &simNode{idx: i, node: n, state: allocation.NewState()}
+		sn.usable = !n.Spec.Unschedulable && nodeReady(n)
+		sn.plain = sn.usable && len(n.Spec.Taints) == 0
+		c.nodes = append(c.nodes, sn)
+		c.byName[n.Name] = sn
+	}
+	// Only the newest generation of a pool is visible to the allocator
+	// anyway; keep all and let it pick.
+	for _, s := range slices {
+		name := ptr.Deref(s.Spec.NodeName, "")
+		sn := c.byName[name]
+		if sn == nil {
+			continue // not node-local, or its node is gone
+		}
+		sn.slices = append(sn.slices, s)
+		c.poolNode[s.Spec.Driver+"/"+s.Spec.Pool.Name] = sn
+	}
+	for _, sn := range c.nodes {
+		sort.Slice(sn.slices, func(i, j int) bool { return sn.slices[i].Name < sn.slices[j].Name })
+	}
+	return c
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// nodeOf returns the node an allocation lives on, or nil.
+func (c *cluster) nodeOf(a *resourceapi.AllocationResult) *simNode {
+	for _, r := range a.Devices.Results {
+		if sn := c.poolNode[r.Driver+"/"+r.Pool]; sn != nil {
+			return sn
+		}
+	}
+	if a.NodeSelector != nil {
+		for _, t := range a.NodeSelector.NodeSelectorTerms {
+			for _, f := range t.MatchFields {
+				if f.Key == "metadata.name" && len(f.Values) == 1 {
+					return c.byName[f.Values[0]]
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (c *cluster) add(sn *simNode, a *resourceapi.AllocationResult) {
+	sn.state.Add(a)
+	sn.version++
+}
+
+func (c *cluster) remove(sn *simNode, a *resourceapi.AllocationResult) {
+	for _, r := range a.Devices.Results {
+		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+		if r.ShareID == nil {
+			sn.state.AllocatedDevices.Delete(id)
+			continue
+		}
+		sn.state.AllocatedSharedDeviceIDs.Delete(structured.MakeSharedDeviceID(id, r.ShareID))
+		if r.ConsumedCapacity != nil {
+			sn.state.AggregatedCapacity.Remove(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+		}
+	}
+	sn.version++
+}
+
+// allocate runs the scheduler's allocator for claims on one node.
+func (c *cluster) allocate(ctx context.Context, sn *simNode, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	c.calls++
+	alloc, err := structured.NewAllocator(ctx, c.features, sn.state.AllocatedState, c.classes, sn.slices, c.cel)
+	if err != nil {
+		return nil, err
+	}
+	return alloc.Allocate(ctx, sn.node, claims)
+}
+
+// fits says whether the pod may run on the node apart from devices:
+// usable, node selector and required affinity, taints tolerated.
+func (c *cluster) fits(pod *corev1.Pod, sig string, sn *simNode) bool {
+	if !sn.usable {
+		return false
+	}
+	if sig == "" && sn.plain {
+		return true
+	}
+	k := filterKey{sn.idx, sig}
+	if v, ok := c.fitCache[k]; ok {
+		return v
+	}
+	ok, _ := nodeaffinity.GetRequiredNodeAffinity(pod).Match(sn.node)
+	if ok {
+		_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), sn.node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
+			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}, true)
+		ok = !untolerated
+	}
+	c.fitCache[k] = ok
+	return ok
+}
+
+// podFilterSig fingerprints what restricts a pod's nodes ("" = nothing).
+func podFilterSig(p *corev1.Pod) string {
+	if len(p.Spec.NodeSelector) == 0 && p.Spec.Affinity == nil && len(p.Spec.Tolerations) == 0 {
+		return ""
+	}
+	return hashJSON(struct {
+		S map[string]string
+		A *corev1.Affinity
+		T []corev1.Toleration
+	}{p.Spec.NodeSelector, p.Spec.Affinity, p.Spec.Tolerations})
+}
+
+func (c *cluster) claimSig(claims []*resourceapi.ResourceClaim) string {
+	s := ""
+	for _, cl := range claims {
+		sig, ok := c.specSigs[cl]
+		if !ok {
+			sig = hashJSON(cl.Spec)
+			c.specSigs[cl] = sig
+		}
+		s += sig + ","
+	}
+	return s
+}
+
+func hashJSON(v any) string {
+	data, _ := json.Marshal(v)
+	h := fnv.New64a()
+	h.Write(data)
+	return fmt.Sprintf("%x", h.Sum64())
+}
+
+// placement is where a simulation put one pod's claims.
+type placement struct {
+	pod     *corev1.Pod
+	node    *simNode
+	keys    []string
+	results []resourceapi.AllocationResult
+}
+
+// trial is an all-or-nothing simulation: placements are applied to the
+// node states as they are found and undone by rollback.
+type trial struct {
+	c *cluster
+	// hint is tried first (where an earlier admission placed the pod).
+	hint   *simNode
+	placed map[string]*simNode // claim key -> node, within this trial
+	done   []placement
+}
+
+func (c *cluster) newTrial() *trial { return &trial{c: c, placed: map[string]*simNode{}} }
+
+func (t *trial) rollback() {
+	for i := len(t.done) - 1; i >= 0; i-- {
+		p := t.done[i]
+		for j := range p.results {
+			t.c.remove(p.node, &p.results[j])
+		}
+	}
+	t.done = nil
+	t.placed = map[string]*simNode{}
+}
+
+// claimInfo is what the trial needs to know about a claim of a pod.
+type claimInfo struct {
+	pc demand.PodClaim
+	// node is set when the claim is already allocated or reserved there.
+	node *simNode
+	// charged says the claim is accounted elsewhere (allocated, reserved,
+	// or charged to another workload) and needs no allocation.
+	settled bool
+}
+
+// placePod finds a node for the pod's claims that are not settled, first
+// fit in node order; claims settled on a node pin the pod to it.
+func (t *trial) placePod(ctx context.Context, pod *corev1.Pod, infos []claimInfo) (bool, error) {
+	var pin *simNode
+	var toAlloc []*resourceapi.ResourceClaim
+	var keys []string
+	for _, ci := range infos {
+		n := ci.node
+		if sn := t.placed[ci.pc.Key]; sn != nil {
+			n = sn
+		} else if !ci.settled {
+			toAlloc = append(toAlloc, ci.pc.Claim)
+			keys = append(keys, ci.pc.Key)
+		}
+		if n != nil {
+			if pin != nil && pin != n {
+				return false, nil // claims on two nodes: the pod cannot run
+			}
+			pin = n
+		}
+	}
+	if pod.Spec.NodeName != "" {
+		sn := t.c.byName[pod.Spec.NodeName]
+		if sn == nil || (pin != nil && pin != sn) {
+			return false, nil
+		}
+		pin = sn
+	}
+	if len(toAlloc) == 0 {
+		if pin != nil {
+			t.done = append(t.done, placement{pod: pod, node: pin})
+		}
+		return true, nil
+	}
+	filterSig := podFilterSig(pod)
+	sig := t.c.claimSig(toAlloc) + "|" + filterSig
+	try := func(sn *simNode) (bool, error) {
+		if !t.c.fits(pod, filterSig, sn) {
+			return false, nil
+		}
+		fk := failKey{sn.idx, sig}
+		if v, ok := t.c.fails[fk]; ok && v == sn.version {
+			return false, nil
+		}
+		res, err := t.c.allocate(ctx, sn, toAlloc)
+		if err != nil {
+			return false, err
+		}
+		if res == nil {
+			t.c.fails[fk] = sn.version
+			return false, nil
+		}
+		for i := range res {
+			t.c.add(sn, &res[i])
+			t.placed[keys[i]] = sn
+		}
+		t.done = append(t.done, placement{pod: pod, node: sn, keys: keys, results: res})
+		return true, nil
+	}
+	if pin != nil {
+		return try(pin)
+	}
+	if t.hint != nil {
+		if ok, err := try(t.hint); ok || err != nil {
+			return ok, err
+		}
+	}
+	for _, sn := range t.c.nodes {
+		ok, err := try(sn)
+		if ok || err != nil {
+			return ok, err
+		}
+	}
+	return false, nil
+}
+
+// nodeNames returns the simulated node of every pod placed.
+func (t *trial) nodeNames() map[types.UID]string {
+	out := map[types.UID]string{}
+	for _, p := range t.done {
+		out[p.pod.UID] = p.node.node.Name
+	}
+	return out
+}

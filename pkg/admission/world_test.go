@@ -1,0 +1,338 @@
+package admission_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/allocation"
+)
+
+// world is a simulated cluster the tests drive: the engine decides, the
+// world applies the decision the way the controller does (ungate, evict),
+// and a simulated scheduler allocates the claims of ungated pods with the
+// scheduler's allocator, like kube-scheduler would.
+type world struct {
+	t      testing.TB
+	snap   admission.Snapshot
+	eng    *admission.Engine
+	clock  time.Time
+	slices map[string][]*resourceapi.ResourceSlice
+	last   *admission.Decision
+	// placed remembers where the admission put each pod, order in which.
+	placed map[types.UID]string
+	order  map[types.UID]int
+}
+
+func newWorld(t testing.TB, cfg admission.Config) *world {
+	return &world{t: t, eng: admission.NewEngine(cfg), clock: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		slices: map[string][]*resourceapi.ResourceSlice{}, placed: map[types.UID]string{}, order: map[types.UID]int{},
+		snap: admission.Snapshot{Classes: admissiontest.Classes()}}
+}
+
+func (w *world) tick() metav1.Time {
+	w.clock = w.clock.Add(time.Second)
+	return metav1.NewTime(w.clock)
+}
+
+func (w *world) node(name string, o admissiontest.NodeOptions) {
+	s, err := admissiontest.NodeSlices(name, o)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.slices[name] = s
+	w.snap.Slices = append(w.snap.Slices, s...)
+	w.snap.Nodes = append(w.snap.Nodes, admissiontest.Node(name))
+}
+
+func (w *world) queue(q *v1alpha1.Queue) { w.snap.Queues = append(w.snap.Queues, q) }
+
+func (w *world) template(t *resourceapi.ResourceClaimTemplate) {
+	w.snap.Templates = append(w.snap.Templates, t)
+}
+
+func (w *world) claim(c *resourceapi.ResourceClaim) { w.snap.Claims = append(w.snap.Claims, c) }
+
+// pod adds a gated pod (as the webhook would gate it).
+func (w *world) pod(name string, o admissiontest.PodOptions) *corev1.Pod {
+	o.Gated = true
+	o.Created = w.tick()
+	p := admissiontest.Pod("ns", name, o)
+	w.snap.Pods = append(w.snap.Pods, p)
+	return p
+}
+
+func (w *world) get(name string) *corev1.Pod {
+	for _, p := range w.snap.Pods {
+		if p.Name == name {
+			return p
+		}
+	}
+	w.t.Fatalf("no pod %s", name)
+	return nil
+}
+
+// cycle decides and applies the decision.
+func (w *world) cycle() *admission.Decision {
+	w.t.Helper()
+	d, err := w.eng.Decide(context.Background(), &w.snap)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	now := w.tick()
+	for _, a := range d.Admit {
+		for _, p := range a.Pods {
+			p.Spec.SchedulingGates = nil
+			if n := a.Nodes[p.UID]; n != "" {
+				if p.Annotations == nil {
+					p.Annotations = map[string]string{}
+				}
+				p.Annotations[v1alpha1.NodeAnnotation] = n
+			}
+			p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: v1alpha1.AdmissionCondition, Status: corev1.ConditionTrue, LastTransitionTime: now})
+			w.placed[p.UID] = a.Nodes[p.UID]
+			w.order[p.UID] = len(w.order)
+		}
+	}
+	for _, e := range d.Evict {
+		for _, p := range e.Pods {
+			p.DeletionTimestamp = &now
+		}
+	}
+	w.last = d
+	return d
+}
+
+// schedule allocates the claims of ungated, unscheduled pods, on the node
+// the admission simulated (or the first that fits), as kube-scheduler with
+// the same allocator does, in the order the pods were ungated (the order of
+// kube-scheduler's queue for pods of equal priority). Pods whose claims fit
+// nowhere stay unscheduled.
+func (w *world) schedule() {
+	w.t.Helper()
+	ctx := context.Background()
+	states := map[string]*allocation.State{}
+	for n := range w.slices {
+		states[n] = allocation.NewState()
+	}
+	for _, c := range w.snap.Claims {
+		if a := c.Status.Allocation; a != nil {
+			states[nodeOf(a)].Add(a)
+		}
+	}
+	var nodes []string
+	for n := range w.slices {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	pods := append([]*corev1.Pod(nil), w.snap.Pods...)
+	sort.SliceStable(pods, func(i, j int) bool { return w.order[pods[i].UID] < w.order[pods[j].UID] })
+	for _, p := range pods {
+		if p.Spec.NodeName != "" || admission.HasAdmissionGate(p) || p.DeletionTimestamp != nil || p.Status.Phase != "" {
+			continue
+		}
+		claims := w.podClaims(p)
+		order := nodes
+		if n := w.placed[p.UID]; n != "" {
+			order = append([]string{n}, nodes...)
+		}
+		var need []*resourceapi.ResourceClaim
+		pin := ""
+		for _, c := range claims {
+			if c.Status.Allocation != nil {
+				pin = nodeOf(c.Status.Allocation)
+			} else {
+				need = append(need, c)
+			}
+		}
+		if pin != "" {
+			order = []string{pin}
+		}
+		for _, n := range order {
+			if len(need) == 0 {
+				p.Spec.NodeName = n
+				break
+			}
+			res, err := allocation.NewAllocator(w.slices[n], w.snap.Classes).Allocate(ctx, admissiontest.Node(n), states[n], need...)
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			if res == nil {
+				continue
+			}
+			for i, c := range need {
+				c.Status.Allocation = &res[i]
+				states[n].Add(&res[i])
+			}
+			p.Spec.NodeName = n
+			break
+		}
+	}
+}
+
+// podClaims returns the pod's claims, creating the generated ones from
+// templates as the resourceclaim controller does.
+func (w *world) podClaims(p *corev1.Pod) []*resourceapi.ResourceClaim {
+	var out []*resourceapi.ResourceClaim
+	for _, rc := range p.Spec.ResourceClaims {
+		if rc.ResourceClaimName != nil {
+			out = append(out, w.claimByName(*rc.ResourceClaimName))
+			continue
+		}
+		name := ""
+		for _, s := range p.Status.ResourceClaimStatuses {
+			if s.Name == rc.Name {
+				name = *s.ResourceClaimName
+			}
+		}
+		if name == "" {
+			name = p.Name + "-" + rc.Name + "-gen"
+			var tmpl *resourceapi.ResourceClaimTemplate
+			for _, t := range w.snap.Templates {
+				if t.Name == *rc.ResourceClaimTemplateName {
+					tmpl = t
+				}
+			}
+			c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: name, UID: types.UID("uid-" + name)}, Spec: tmpl.Spec.Spec}
+			w.snap.Claims = append(w.snap.Claims, c)
+			p.Status.ResourceClaimStatuses = append(p.Status.ResourceClaimStatuses, corev1.PodResourceClaimStatus{Name: rc.Name, ResourceClaimName: ptr.To(name)})
+		}
+		out = append(out, w.claimByName(name))
+	}
+	return out
+}
+
+func (w *world) claimByName(name string) *resourceapi.ResourceClaim {
+	for _, c := range w.snap.Claims {
+		if c.Name == name {
+			return c
+		}
+	}
+	w.t.Fatalf("no claim %s", name)
+	return nil
+}
+
+func nodeOf(a *resourceapi.AllocationResult) string { return a.Devices.Results[0].Pool }
+
+// finish ends pods (Succeeded) and deallocates claims no live pod uses, as
+// the resourceclaim controller does.
+func (w *world) finish(names ...string) {
+	for _, n := range names {
+		w.get(n).Status.Phase = corev1.PodSucceeded
+	}
+	w.release()
+}
+
+// remove deletes pods (an eviction completing) and releases their claims.
+func (w *world) remove(names ...string) {
+	drop := map[string]bool{}
+	for _, n := range names {
+		drop[n] = true
+	}
+	var keep []*corev1.Pod
+	for _, p := range w.snap.Pods {
+		if !drop[p.Name] {
+			keep = append(keep, p)
+		}
+	}
+	w.snap.Pods = keep
+	w.release()
+}
+
+func (w *world) release() {
+	inUse := map[string]bool{}
+	for _, p := range w.snap.Pods {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, rc := range p.Spec.ResourceClaims {
+			if rc.ResourceClaimName != nil {
+				inUse[*rc.ResourceClaimName] = true
+			}
+		}
+		for _, s := range p.Status.ResourceClaimStatuses {
+			inUse[*s.ResourceClaimName] = true
+		}
+	}
+	for _, c := range w.snap.Claims {
+		if !inUse[c.Name] {
+			c.Status.Allocation = nil
+		}
+	}
+}
+
+// restart replaces the engine, as a controller restart does.
+func (w *world) restart(cfg admission.Config) { w.eng = admission.NewEngine(cfg) }
+
+func (w *world) admittedNames() []string {
+	var out []string
+	for _, a := range w.last.Admit {
+		for _, p := range a.Pods {
+			out = append(out, p.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (w *world) verdict(pod string) *admission.Verdict {
+	for _, v := range w.last.Waiting {
+		for _, p := range v.Workload.Pods {
+			if p.Name == pod {
+				return v
+			}
+		}
+	}
+	return nil
+}
+
+func (w *world) evictedNames() []string {
+	var out []string
+	for _, e := range w.last.Evict {
+		for _, p := range e.Pods {
+			out = append(out, p.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (w *world) status(q string) *v1alpha1.QueueStatus { return w.last.Queues[q] }
+
+func mem(st *v1alpha1.QueueStatus, list string) string {
+	var l v1alpha1.ResourceList
+	switch list {
+	case "allocated":
+		l = st.Allocated
+	case "pending":
+		l = st.Pending
+	case "fair":
+		l = st.FairShare
+	}
+	q := l[v1alpha1.ResourceGPUMemory]
+	return q.String()
+}
+
+func names(format string, n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, fmt.Sprintf(format, i))
+	}
+	return out
+}
+
+func otherDriverClass() *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}}}}
+}
