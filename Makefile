@@ -18,8 +18,8 @@ build:
 	$(GO) build -o $(BIN)/kubelet-plugin ./cmd/kubelet-plugin
 	$(GO) build -o $(BIN)/controller ./cmd/controller
 
-## test: vet, unit tests with -race, bounded fuzzing, a short benchmark run, end-to-end tests
-test: vet unit fuzz bench-smoke e2e
+## test: vet, upstream binaries (cached), unit tests with -race, bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
+test: vet cluster-build unit fuzz bench-smoke helm-lint e2e
 
 ## vet: go vet and gofmt check
 vet:
@@ -62,4 +62,4 @@ clean:
 help:
 	@grep -h '^## ' $(MAKEFILE_LIST) | sed 's/^## //'
 
--include hack/localcluster.mk
+-include hack/localcluster.mk deployments/helm/helm.mk deployments/container/image.mk hack/demo.mk
