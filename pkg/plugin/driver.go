@@ -169,10 +169,15 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	d.helper = helper
-	if err := d.publisher.Sync(ctx); err != nil {
-		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
-	}
-	d.goRun(func() { d.publisher.Run(ctx, o.RescanInterval) })
+	// Publishing starts in the background: the ResourceSlice controller
+	// takes a second to sync its informer, and a restarted plugin must
+	// answer the kubelet for claims prepared earlier without that delay.
+	d.goRun(func() {
+		if err := d.publisher.Sync(ctx); err != nil {
+			logger.Error(err, "Publishing ResourceSlices failed; retrying at the next rescan")
+		}
+		d.publisher.Run(ctx, o.RescanInterval)
+	})
 	logger.Info("Tessera kubelet plugin running", "node", o.NodeName, "backend", o.Backend.Kind, "prepared", len(d.preparer.Prepared()))
 	return d, nil
 }

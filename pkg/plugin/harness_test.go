@@ -76,9 +76,20 @@ func tempDir(t testing.TB) string {
 }
 
 // newFakeClient is a fake API server that, like the real one, names
-// objects created with generateName (the ResourceSlice controller uses it).
+// objects created with generateName (the ResourceSlice controller uses it)
+// and supports server-side apply (status.devices).
 func newFakeClient(objs ...runtime.Object) *fake.Clientset {
-	client := fake.NewClientset(objs...)
+	return nameGenerated(fake.NewClientset(objs...))
+}
+
+// newLightFakeClient starts much faster (no field management, so no
+// server-side apply: status writes fail and are only logged).
+func newLightFakeClient(objs ...runtime.Object) *fake.Clientset {
+	//nolint:staticcheck // NewClientset builds OpenAPI type converters: too slow for a process started hundreds of times.
+	return nameGenerated(fake.NewSimpleClientset(objs...))
+}
+
+func nameGenerated(client *fake.Clientset) *fake.Clientset {
 	client.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		ca, ok := action.(k8stesting.CreateAction)
 		if !ok {
