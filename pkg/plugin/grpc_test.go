@@ -292,4 +292,3 @@ func TestParallelPrepareOverGRPC(t *testing.T) {
 type prepareErr struct{ claim, msg string }
 
 func (e *prepareErr) Error() string { return e.claim + ": " + e.msg }
-
