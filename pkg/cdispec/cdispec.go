@@ -1,7 +1,7 @@
 // Package cdispec writes Tessera's per-claim transient CDI specs: one spec
 // file per prepared claim in the CDI spec directory, one CDI device per
 // allocated device and share, written atomically so that a container
-// runtime never reads half a spec and a crash never leaves one.
+// runtime never reads half a spec.
 package cdispec
 
 import (
@@ -16,8 +16,6 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
-
-	"github.com/tessera-dev/tessera/pkg/atomicfile"
 )
 
 // Vendor and Class make the CDI kind of Tessera's devices:
@@ -130,8 +128,15 @@ type Dir struct {
 	Path string
 }
 
-// Write validates and atomically writes a spec under name.
-func (d Dir) Write(name string, spec *cdispec.Spec) error {
+// Write validates and atomically writes a spec under name: a temporary
+// file renamed into place, so a runtime never reads half a spec.
+//
+// It does not fsync. A transient spec only has to outlive a crash of the
+// plugin, and the page cache keeps it across that; it need not outlive a
+// crash of the node, after which the boot ID changes, the plugin drops
+// every claim prepared before and the kubelet prepares them again. The
+// checkpoint, which must survive, is fsynced.
+func (d Dir) Write(name string, spec *cdispec.Spec) (err error) {
 	if err := Validate(spec); err != nil {
 		return err
 	}
@@ -139,7 +144,30 @@ func (d Dir) Write(name string, spec *cdispec.Spec) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.Write(filepath.Join(d.Path, name), data, 0o644); err != nil {
+	if err := os.MkdirAll(d.Path, 0o755); err != nil {
+		return fmt.Errorf("CDI spec directory: %w", err)
+	}
+	f, err := os.CreateTemp(d.Path, "."+name+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write CDI spec: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.Remove(f.Name())
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("write CDI spec: %w", err)
+	}
+	if err = f.Chmod(0o644); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(f.Name(), filepath.Join(d.Path, name)); err != nil {
 		return fmt.Errorf("write CDI spec: %w", err)
 	}
 	return nil
@@ -170,13 +198,25 @@ func (d Dir) Exists(name string) bool {
 // Remove deletes a spec; a missing one is not an error.
 func (d Dir) Remove(name string) error {
 	err := os.Remove(filepath.Join(d.Path, name))
-	if err == nil {
-		return atomicfile.SyncDir(d.Path)
-	}
-	if errors.Is(err, fs.ErrNotExist) {
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	return fmt.Errorf("remove CDI spec: %w", err)
+}
+
+// RemoveTemporary removes temporary files that writes interrupted by a
+// crash left behind.
+func (d Dir) RemoveTemporary() error {
+	matches, err := filepath.Glob(filepath.Join(d.Path, "."+cdi.GenerateTransientSpecName(Vendor, Class, "")+"*.tmp-*"))
+	if err != nil {
+		return err
+	}
+	for _, m := range matches {
+		if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // ClaimUIDs lists the claims that have a Tessera spec in the directory.

@@ -114,6 +114,16 @@ func TestSpecInjects(t *testing.T) {
 		t.Error("MIG capability of another device injected")
 	}
 
+	tmp := filepath.Join(dir.Path, "."+name+".tmp-123")
+	if err := os.WriteFile(tmp, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := dir.RemoveTemporary(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
+		t.Error("temporary file left")
+	}
 	if err := dir.Remove(name); err != nil {
 		t.Fatal(err)
 	}

@@ -505,6 +505,12 @@ func (ct *crashTest) verify(i int) {
 		}
 	}
 	sort.Strings(specs)
+	all, _ := os.ReadDir(ct.opts.CDIRoot)
+	for _, e := range all {
+		if strings.Contains(e.Name(), ".tmp-") {
+			t.Errorf("after crash %d: temporary file %s left in the CDI directory", i, e.Name())
+		}
+	}
 	if !slices.Equal(specs, want) {
 		t.Errorf("after crash %d: specs %v, prepared %v", i, specs, want)
 	}

@@ -82,11 +82,15 @@ func newFakeClient(objs ...runtime.Object) *fake.Clientset {
 	return nameGenerated(fake.NewClientset(objs...))
 }
 
-// newLightFakeClient starts much faster (no field management, so no
-// server-side apply: status writes fail and are only logged).
+// newLightFakeClient starts much faster: no field management, and status
+// writes (server-side apply patches) are accepted without effect.
 func newLightFakeClient(objs ...runtime.Object) *fake.Clientset {
 	//nolint:staticcheck // NewClientset builds OpenAPI type converters: too slow for a process started hundreds of times.
-	return nameGenerated(fake.NewSimpleClientset(objs...))
+	client := nameGenerated(fake.NewSimpleClientset(objs...))
+	client.PrependReactor("patch", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		return true, &resourceapi.ResourceClaim{}, nil
+	})
+	return client
 }
 
 func nameGenerated(client *fake.Clientset) *fake.Clientset {
@@ -126,7 +130,12 @@ func startHarness(t testing.TB, ctx context.Context, opts *Options, claims ...*r
 	for _, c := range claims {
 		objs = append(objs, c)
 	}
-	h := &harness{t: t, opts: opts, client: newFakeClient(objs...)}
+	return startHarnessWith(t, ctx, opts, newFakeClient(objs...))
+}
+
+func startHarnessWith(t testing.TB, ctx context.Context, opts *Options, client *fake.Clientset) *harness {
+	t.Helper()
+	h := &harness{t: t, opts: opts, client: client}
 	h.ctx, h.cancel = context.WithCancel(ctx)
 	d, err := Start(h.ctx, opts, h.client)
 	if err != nil {

@@ -80,6 +80,9 @@ func (p *Preparer) Recover(ctx context.Context, list ClaimLister) error {
 		logger.Info("Checkpoint of claim is corrupt; moved it aside and rebuilding it from the API server and the CDI spec on disk", "uid", c.UID, "error", c.Err.Error(), "movedTo", aside)
 		pending[c.UID] = "corrupt checkpoint"
 	}
+	if err := p.opts.CDI.RemoveTemporary(); err != nil {
+		logger.Error(err, "Could not remove temporary files of interrupted CDI spec writes")
+	}
 	orphans, err := p.orphans()
 	if err != nil {
 		logger.Error(err, "Could not look for leftovers of earlier runs")
