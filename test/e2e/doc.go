@@ -4,12 +4,31 @@
 //
 //	go test -tags e2e -count=1 ./test/e2e/... -v -timeout 40m   (as root; or: make e2e)
 //
-// Environment: TESSERA_PROFILE (mock GPU profile of the kubelet plugin,
-// default t4:2), TESSERA_PLUGIN (auto|on|off), TESSERA_START_CONTROLLER=1,
-// TESSERA_E2E_KEEP=1 (leave the cluster running after the tests).
+// Environment: TESSERA_PROFILE (mock GPU profile the kubelet plugin starts
+// with, default t4:2; tests that need the DRA driver switch it to the
+// configuration they assert on), TESSERA_PLUGIN (auto|on|off),
+// TESSERA_START_CONTROLLER=1, TESSERA_E2E_KEEP=1 (leave the cluster running
+// after the tests), TESSERA_E2E_RESULTS=<dir> (TestPodStartLatency writes
+// pod-start-latency.json there).
 //
-// Adding a scenario: write a TestXxx in a new file with the e2e build tag, take
-// a fresh namespace with newNamespace(t), build pods with busyboxPod (the only
-// image there is; never pull), and use the clientset `cluster.Client`. Call
-// requirePlugin(t) first when the test needs the DRA driver.
+// What is covered:
+//   - demo_test.go: each scenario of demo/ (the same YAML `make demo` runs,
+//     through hack/demo/scenario): placement read from the claims'
+//     allocation, and the containers' environment (limits equal to the
+//     allocation, visible device UUIDs, enforcement mode) and the claim's
+//     status.devices data;
+//   - lifecycle_test.go: a pod that cannot fit stays Pending with the
+//     scheduler's reason and starts when capacity frees; SIGKILL of the
+//     plugin while pods hold claims; invalid opaque configuration; claim
+//     status for configurations in any key order;
+//   - latency_test.go: pod start latency with and without a share claim;
+//   - every test that prepares claims checks that deleting the pods
+//     unprepares them: no CDI spec, checkpoint or accounting directory of
+//     theirs is left on the node.
+//
+// Adding a scenario: write a TestXxx in a new file with the e2e build tag,
+// call usePlugin(t, cfg) with the kubelet plugin configuration it needs
+// (or requirePlugin(t) when any will do), take a fresh namespace with
+// newNamespace(t), build pods with busyboxPod / claimPod (the only image
+// there is; never pull), and use the clientset `cluster.Client`.
 package e2e

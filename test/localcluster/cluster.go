@@ -105,6 +105,7 @@ type Cluster struct {
 	logf   Logf
 	mu     sync.Mutex
 	exited map[string]chan struct{}
+	plugin PluginConfig
 	downMu sync.Mutex
 }
 
@@ -224,6 +225,9 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	start := time.Now()
+	if err := c.claimOwnership(ctx); err != nil {
+		return nil, err
+	}
 	if err := c.Down(); err != nil {
 		// What a previous run left is gone even so (teardown goes on past
 		// errors); whatever still stands in the way fails the bring-up below.
@@ -452,7 +456,7 @@ func (c *Cluster) up(ctx context.Context) error {
 		return err
 	}
 	if c.pluginWanted() {
-		if err := c.StartPlugin(ctx, c.Opts.Profile); err != nil {
+		if err := c.StartPluginWith(ctx, PluginConfig{Profile: c.Opts.Profile}); err != nil {
 			return err
 		}
 	} else {
@@ -576,9 +580,26 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 }
 
 // goBuild builds a package of the Tessera repository into out.
+// A build that takes long (a cold Go build cache compiles the Kubernetes
+// client libraries first) reports progress every 20 s.
 func (c *Cluster) goBuild(ctx context.Context, out, pkg string) error {
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 	cmd.Dir = c.Opts.RepoRoot
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		start := time.Now()
+		t := time.NewTicker(20 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				c.logf("  still building %s (%s elapsed; a cold Go build cache takes minutes)", pkg, time.Since(start).Round(time.Second))
+			}
+		}
+	}()
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build -o %s %s: %w\n%s", out, pkg, err, b)
 	}

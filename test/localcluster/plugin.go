@@ -2,14 +2,20 @@ package localcluster
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // DeviceClassesFile is applied after the API server is ready when it exists.
@@ -70,14 +76,44 @@ func (c *Cluster) PluginArgs(profile string) []string {
 	}, c.Opts.PluginArgs...)
 }
 
+// PluginConfig is how the kubelet plugin runs: a mock GPU profile and flags
+// appended to the command line after Options.PluginArgs (later flags win),
+// e.g. {Profile: "t4:2", Args: []string{"--time-slices=4"}} or
+// {Profile: "h100-80gb", Args: []string{"--mock-mig=all"}}.
+type PluginConfig struct {
+	Profile string
+	Args    []string
+}
+
+func (p PluginConfig) String() string {
+	return strings.Join(append([]string{"--mock-profile=" + p.Profile}, p.Args...), " ")
+}
+
+// Equal tells whether two configurations run the same plugin.
+func (p PluginConfig) Equal(o PluginConfig) bool {
+	return p.Profile == o.Profile && slices.Equal(p.Args, o.Args)
+}
+
 // StartPlugin builds ./cmd/kubelet-plugin and runs it as a host process with
-// the given mock profile. It returns once the kubelet has registered the
-// driver (its log says "Connection changed" for DriverName with
-// connected=true, after this start) and a ResourceSlice of the driver for
-// this node exists.
+// the given mock profile; see StartPluginWith.
 func (c *Cluster) StartPlugin(ctx context.Context, profile string) error {
-	if profile == "" {
-		profile = DefaultProfile
+	return c.StartPluginWith(ctx, PluginConfig{Profile: profile})
+}
+
+// StartPluginWith (re)starts the kubelet plugin with cfg: it stops a running
+// instance (SIGTERM), builds ./cmd/kubelet-plugin, starts it and returns once
+// the kubelet has registered the driver (its log says "Connection changed"
+// for DriverName with connected=true, after this start) and the driver's
+// ResourceSlices for this node carry exactly the devices this configuration
+// publishes (read from the plugin's own --print-slices), so that a stale
+// slice of an earlier configuration never counts as ready.
+//
+// Claims prepared by an earlier instance stay prepared; delete their pods
+// first (and wait for their CDI specs to go, see WaitClaimsUnprepared) when
+// the device set changes.
+func (c *Cluster) StartPluginWith(ctx context.Context, cfg PluginConfig) error {
+	if cfg.Profile == "" {
+		cfg.Profile = DefaultProfile
 	}
 	if err := c.StopPlugin(); err != nil {
 		return err
@@ -89,29 +125,156 @@ func (c *Cluster) StartPlugin(ctx context.Context, profile string) error {
 	if err := os.MkdirAll(c.Dirs.MockDevices, 0o755); err != nil {
 		return err
 	}
+	args := c.pluginArgs(cfg)
+	want, err := c.expectedDevices(ctx, args)
+	if err != nil {
+		c.logf("cannot tell which devices %s publishes (%v); waiting only for a ResourceSlice", cfg, err)
+	}
 	// Only registrations logged after this point count: a stale one from an
 	// earlier plugin instance must not.
 	offset := fileSize(c.LogPath(compKubelet))
-	if err := c.start(compPlugin, c.PluginBinary(), c.PluginArgs(profile), []string{c.hostPath()}); err != nil {
+	if err := c.start(compPlugin, c.PluginBinary(), args, []string{c.hostPath()}); err != nil {
 		return err
 	}
+	c.mu.Lock()
+	c.plugin = cfg
+	c.mu.Unlock()
 	alive := []string{compPlugin, compKubelet, compAPIServer}
 	if err := c.waitFor(ctx, "kubelet registered "+DriverName, 60*time.Second, alive, func() (bool, error) {
 		return kubeletLogShowsConnected(c.LogPath(compKubelet), offset), nil
 	}); err != nil {
 		return err
 	}
-	return c.waitFor(ctx, "ResourceSlice of "+DriverName+" on "+NodeName, 60*time.Second, alive, func() (bool, error) {
-		slices, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-		if err != nil {
+	what := "ResourceSlice of " + DriverName + " on " + NodeName
+	if want != nil {
+		what = fmt.Sprintf("ResourceSlices of %s on %s with the %d devices of %s", DriverName, NodeName, len(want), cfg)
+	}
+	return c.waitFor(ctx, what, 60*time.Second, alive, func() (bool, error) {
+		got, err := c.PublishedDevices(ctx)
+		if err != nil || got == nil {
 			return false, nil
 		}
-		for _, s := range slices.Items {
-			if s.Spec.Driver == DriverName && s.Spec.NodeName != nil && *s.Spec.NodeName == NodeName {
-				return true, nil
-			}
+		return want == nil || slices.Equal(got, want), nil
+	})
+}
+
+// Plugin is the configuration the kubelet plugin was last started with by
+// this Cluster value (zero before).
+func (c *Cluster) Plugin() PluginConfig {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.plugin
+}
+
+// pluginArgs is the plugin's full command line for cfg.
+func (c *Cluster) pluginArgs(cfg PluginConfig) []string {
+	return append(c.PluginArgs(cfg.Profile), cfg.Args...)
+}
+
+// expectedDevices runs the built plugin with --print-slices and returns the
+// sorted names of the devices it would publish.
+func (c *Cluster) expectedDevices(ctx context.Context, args []string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.PluginBinary(), append(slices.Clone(args), "--print-slices")...)
+	cmd.Env = []string{c.hostPath()}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var names []string
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		if strings.TrimSpace(doc) == "" {
+			continue
 		}
-		return false, nil
+		var s resourceapi.ResourceSlice
+		if err := yaml.Unmarshal([]byte(doc), &s); err != nil {
+			return nil, fmt.Errorf("--print-slices output: %w", err)
+		}
+		for _, d := range s.Spec.Devices {
+			names = append(names, d.Name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// PublishedDevices returns the sorted names of the devices the driver
+// publishes for this node: those of the newest pool generation, once all
+// slices of that generation exist; nil while it has published nothing or a
+// generation is incomplete.
+func (c *Cluster) PublishedDevices(ctx context.Context) ([]string, error) {
+	list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var newest int64 = -1
+	for _, s := range list.Items {
+		if s.Spec.Driver == DriverName && s.Spec.NodeName != nil && *s.Spec.NodeName == NodeName && s.Spec.Pool.Generation > newest {
+			newest = s.Spec.Pool.Generation
+		}
+	}
+	if newest < 0 {
+		return nil, nil
+	}
+	var (
+		names []string
+		count int64
+		want  int64
+	)
+	for _, s := range list.Items {
+		if s.Spec.Driver != DriverName || s.Spec.NodeName == nil || *s.Spec.NodeName != NodeName || s.Spec.Pool.Generation != newest {
+			continue
+		}
+		count++
+		want = s.Spec.Pool.ResourceSliceCount
+		for _, d := range s.Spec.Devices {
+			names = append(names, d.Name)
+		}
+	}
+	if count != want {
+		return nil, nil
+	}
+	slices.Sort(names)
+	if names == nil {
+		names = []string{}
+	}
+	return names, nil
+}
+
+// KillPlugin ends the kubelet plugin with SIGKILL, without a chance to clean
+// up: what a crash or an OOM kill does. Restart it with StartPluginWith
+// (for example with c.Plugin()).
+func (c *Cluster) KillPlugin() error {
+	pid, exe, err := readPidFile(c.pidFile(compPlugin))
+	if err != nil {
+		return fmt.Errorf("%s: %w", compPlugin, err)
+	}
+	if !procAlive(pid, exe) {
+		return fmt.Errorf("%s (pid %d) is not running", compPlugin, pid)
+	}
+	c.logf("killing %s (pid %d) with SIGKILL", compPlugin, pid)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if !procAlive(pid, exe) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s (pid %d) survived SIGKILL", compPlugin, pid)
+}
+
+// TesseraCDISpecs lists the CDI spec files of Tessera's plugin in CDIRoot.
+func TesseraCDISpecs() []string { return tesseraCDISpecs() }
+
+// WaitClaimsUnprepared waits until no CDI spec of Tessera's plugin is left
+// in CDIRoot (every claim unprepared), for up to timeout.
+func (c *Cluster) WaitClaimsUnprepared(ctx context.Context, timeout time.Duration) error {
+	return c.waitFor(ctx, "no Tessera CDI spec left (claims unprepared)", timeout, nil, func() (bool, error) {
+		return len(tesseraCDISpecs()) == 0, nil
 	})
 }
 

@@ -30,9 +30,13 @@ var DriverNamespaces = []string{"tessera-system"}
 // kubelet and the DRA plugin still run (so claims are unprepared), then the
 // plugin, the kubelet, the API server and etcd, then containers and
 // containerd. Down is safe on a half-started, interrupted or absent cluster.
+// It refuses while another live process owns the cluster (see owner.go).
 func (c *Cluster) Down() error {
 	c.downMu.Lock()
 	defer c.downMu.Unlock()
+	if err := c.checkNotInUse(); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var errs []error
@@ -392,7 +396,7 @@ func (c *Cluster) removeState() error {
 		_ = os.Remove(containerLogLinks) // only when empty
 	}
 	for _, e := range entries {
-		if p := filepath.Join(c.Dirs.Root, e.Name()); p != c.Dirs.Logs && p != c.Dirs.Archive {
+		if p := filepath.Join(c.Dirs.Root, e.Name()); p != c.Dirs.Logs && p != c.Dirs.Archive && e.Name() != ownerFileName && e.Name() != ownerLockName {
 			rm(p)
 		}
 	}
