@@ -156,7 +156,7 @@ func run(keep bool, only string, list bool) int {
 		fmt.Fprint(os.Stderr, c.LogTails(30))
 	}
 	if keep {
-		printKeep(c, failed)
+		printKeep(c, repo, scenarios[len(scenarios)-1], failed)
 	} else {
 		say("\nTearing the cluster down (no process, mount, cgroup, CDI spec or kubelet state is left)...")
 		if err := c.Down(); err != nil {
@@ -336,12 +336,25 @@ func createNamespace(ctx context.Context, c *localcluster.Cluster, ns string) er
 	}
 }
 
-func printKeep(c *localcluster.Cluster, failed string) {
+func printKeep(c *localcluster.Cluster, repo string, last scenario.Scenario, failed string) {
 	say("\n%s", rule)
 	if failed != "" {
 		say("--keep: the cluster stays up as it was when scenario %s failed, for inspection.", failed)
 	} else {
-		say("--keep: the cluster stays up. Tessera's kubelet plugin runs with %s.", c.Plugin())
+		say("--keep: the cluster stays up. Tessera's kubelet plugin runs with %s (as scenario %s needs).", c.Plugin(), last.Name)
+	}
+	// Try the last scenario again by hand: its plugin configuration is the
+	// one running.
+	pod := "<pod>"
+	if files, err := last.Files(repo); err == nil {
+		for _, f := range files {
+			ms, _ := scenario.ReadManifests(f)
+			for _, m := range ms {
+				if m.Kind == "Pod" && pod == "<pod>" {
+					pod = m.Name
+				}
+			}
+		}
 	}
 	say(`
   kubectl against it (the cluster's own kubectl and admin kubeconfig):
@@ -350,13 +363,13 @@ func printKeep(c *localcluster.Cluster, failed string) {
     kubectl get resourceslices -o wide
     kubectl get deviceclasses
     kubectl create namespace try
-    kubectl apply -n try -f demo/showdown/        # any scenario; it needs the plugin config it names
-    kubectl get resourceclaims -n try -o yaml     # status.allocation: device, shareID, consumedCapacity
-    kubectl logs -n try inference-1
+    kubectl apply -n try -f demo/%[4]s/
+    kubectl get resourceclaims -n try -o yaml     # status.allocation (device, shareID, consumedCapacity), status.devices
+    kubectl logs -n try %[5]s
   or without exporting anything:
     go run ./hack/localcluster kubectl get pods -A
   logs of every component: %[3]s
-  to run one scenario and keep its plugin configuration: go run ./hack/demo --only timeslice --keep
+  another scenario needs its own plugin configuration: go run ./hack/demo --only <scenario> --keep
   stop it and remove all its state:
-    go run ./hack/localcluster down      (or: make cluster-down)`, c.Kubeconfig, c.Bin.Kubectl, c.Dirs.Logs)
+    go run ./hack/localcluster down      (or: make cluster-down)`, c.Kubeconfig, c.Bin.Kubectl, c.Dirs.Logs, last.Name, pod)
 }
