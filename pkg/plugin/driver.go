@@ -99,6 +99,16 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 	if err != nil {
 		return nil, err
 	}
+	if o.InterposerLibrary != "" {
+		if st, err := os.Stat(o.InterposerLibrary); err != nil || !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("--interposer-library=%s must name the interposer's shared library file on the node (e.g. /usr/local/vgpu/libvgpu.so): %v", o.InterposerLibrary, err)
+		}
+	}
+	if o.MPSPipeDir != "" {
+		if st, err := os.Stat(o.MPSPipeDir); err != nil || !st.IsDir() {
+			logger.Info("Warning: --mps-pipe-dir does not exist (yet); claims in mps mode get no daemon until it does", "dir", o.MPSPipeDir)
+		}
+	}
 	bo := o.Backend
 	bo.Seed = o.NodeName
 	if bo.MockStateDir == "" && bo.Kind == backend.Mock {
