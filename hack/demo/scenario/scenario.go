@@ -87,10 +87,10 @@ var Scenarios = []Scenario{
 		Name:  "timeslice",
 		Title: "four time-slice partitions of one GPU",
 		Story: []string{
-			"The plugin publishes --time-slices=4 partitions per T4 (15104Mi / 4 = 3776Mi each).",
+			"The plugin publishes --time-slices=4 partitions of the node's one T4 (15104Mi / 4 = 3776Mi each).",
 			"Four pods get the four partitions of gpu-0: same GPU, each its own partition and memory limit.",
 		},
-		Plugin: localcluster.PluginConfig{Profile: "t4:2", Args: []string{"--time-slices=4"}},
+		Plugin: localcluster.PluginConfig{Profile: "t4:1", Args: []string{"--time-slices=4"}},
 	},
 	{
 		Name:  "mig",
