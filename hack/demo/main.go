@@ -144,12 +144,16 @@ func run(keep bool, only string, list bool) int {
 	failed := ""
 	for i, s := range scenarios {
 		if err := runScenario(ctx, c, env, s, i+1, len(scenarios)); err != nil {
-			fmt.Fprintf(os.Stderr, "\ndemo: scenario %s failed: %v\n", s.Name, err)
 			failed = s.Name
+			if ctx.Err() != nil {
+				fmt.Fprintf(os.Stderr, "\ndemo: interrupted during scenario %s\n", s.Name)
+				break
+			}
+			fmt.Fprintf(os.Stderr, "\ndemo: scenario %s failed: %v\n", s.Name, err)
 			break
 		}
 	}
-	if failed != "" {
+	if failed != "" && ctx.Err() == nil {
 		if dir, err := c.ArchiveLogs("demo-failed"); err == nil {
 			fmt.Fprintf(os.Stderr, "demo: component logs archived in %s\n", dir)
 		}

@@ -176,7 +176,7 @@ func (r *Run) DeletePod(ctx context.Context, name string, timeout time.Duration)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("pod %s still exists %s after deletion", name, timeout)
+			return fmt.Errorf("pod %s still exists after deletion: %w", name, ctx.Err())
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
