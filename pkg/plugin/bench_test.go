@@ -23,6 +23,9 @@ import (
 // real MIG creation takes about a second more.
 //
 //	go test -run='^$' -bench=BenchmarkPrepareLatency -benchtime=2000x ./pkg/plugin/
+//
+// The node's directories are temporary ones under $TMPDIR, or under
+// $TESSERA_BENCH_DIR when set (e.g. /dev/shm, to take the disk out).
 func BenchmarkPrepareLatency(b *testing.B) {
 	kinds := []struct {
 		name  string
@@ -45,6 +48,14 @@ func BenchmarkPrepareLatency(b *testing.B) {
 		b.Run(k.name, func(b *testing.B) {
 			ctx := klog.NewContext(context.Background(), logr.Discard())
 			dir := tempDir(b)
+			if base := os.Getenv("TESSERA_BENCH_DIR"); base != "" {
+				d, err := os.MkdirTemp(base, "tsr")
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = os.RemoveAll(d) })
+				dir = d
+			}
 			opts := nodeOptions(dir, "t4:3,a100-40gb", true, map[string]int{"2": 4})
 			h := startBenchHarness(b, ctx, opts)
 			var prep, unprep []time.Duration
