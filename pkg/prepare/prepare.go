@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -68,9 +69,7 @@ type Options struct {
 const (
 	CrashPrepareStarted     = "prepare:started"
 	CrashPrepareTimeSlice   = "prepare:timeslice"
-	CrashPrepareMIGIntent   = "prepare:mig-intent"
 	CrashPrepareMIGCreated  = "prepare:mig-created"
-	CrashPrepareMIGRecorded = "prepare:mig-recorded"
 	CrashPrepareSpec        = "prepare:spec"
 	CrashPrepareCompleted   = "prepare:completed"
 	CrashUnprepareSpec      = "unprepare:spec"
@@ -81,8 +80,7 @@ const (
 
 // CrashPoints lists every crash point.
 var CrashPoints = []string{
-	CrashPrepareStarted, CrashPrepareTimeSlice, CrashPrepareMIGIntent, CrashPrepareMIGCreated, CrashPrepareMIGRecorded,
-	CrashPrepareSpec, CrashPrepareCompleted, CrashUnprepareSpec, CrashUnprepareMIG, CrashUnprepareTimeSlice, CrashUnprepareDone,
+	CrashPrepareStarted, CrashPrepareTimeSlice, CrashPrepareMIGCreated, CrashPrepareSpec, CrashPrepareCompleted, CrashUnprepareSpec, CrashUnprepareMIG, CrashUnprepareTimeSlice, CrashUnprepareDone,
 }
 
 // Preparer prepares and unprepares claims.
@@ -335,6 +333,32 @@ func needsStarted(pl *plan) bool {
 
 func (p *Preparer) apply(ctx context.Context, pl *plan, repair bool) error {
 	rec := pl.record
+	// MIG: hold the GPUs' MIG locks from the check of the placements to
+	// the creation of the instances.
+	unlock := p.lockMIGGPUs(pl)
+	defer unlock()
+	var create []int
+	for i := range pl.devices {
+		d := &pl.devices[i]
+		if d.mig == nil {
+			continue
+		}
+		inst, err := p.findMIG(ctx, rec, i, *d.mig, repair)
+		if err != nil {
+			return err
+		}
+		if inst == nil {
+			// To be created: the record carries the intent (profile and
+			// placement) before the instance exists, so a crash after
+			// the creation finds the instance at the placement and
+			// removes it.
+			intent := *d.mig
+			rec.Devices[i].MIG = &intent
+			create = append(create, i)
+			continue
+		}
+		p.useMIG(pl, i, inst)
+	}
 	if needsStarted(pl) {
 		if err := p.put(rec); err != nil {
 			return err
@@ -349,25 +373,13 @@ func (p *Preparer) apply(ctx context.Context, pl *plan, repair bool) error {
 			p.crash(CrashPrepareTimeSlice)
 		}
 	}
-	for i := range pl.devices {
-		d := &pl.devices[i]
-		if d.mig == nil {
-			continue
-		}
-		inst, err := p.prepareMIG(ctx, rec, i, *d.mig, repair)
+	for _, i := range create {
+		inst, err := p.opts.MIG.Create(ctx, *pl.devices[i].mig, nil)
 		if err != nil {
 			return err
 		}
-		d.mig = inst
-		d.alloc.UUID = inst.UUID
-		rec.Devices[i].UUID = inst.UUID
-		rec.Devices[i].MIG = inst
-		if inst.Created {
-			if err := p.put(rec); err != nil {
-				return err
-			}
-			p.crash(CrashPrepareMIGRecorded)
-		}
+		p.useMIG(pl, i, inst)
+		p.crash(CrashPrepareMIGCreated)
 	}
 	spec, err := p.buildSpec(ctx, pl)
 	if err != nil {
@@ -386,11 +398,40 @@ func (p *Preparer) apply(ctx context.Context, pl *plan, repair bool) error {
 	return nil
 }
 
-// prepareMIG creates (dynamic) or looks up (static) the MIG device of
-// device i of the record.
-func (p *Preparer) prepareMIG(ctx context.Context, rec *checkpoint.Claim, i int, t mig.Instance, repair bool) (*mig.Instance, error) {
-	unlock := p.opts.MIG.Lock(t.GPUUUID)
-	defer unlock()
+func (p *Preparer) useMIG(pl *plan, i int, inst *mig.Instance) {
+	d := &pl.devices[i]
+	d.mig = inst
+	d.alloc.UUID = inst.UUID
+	pl.record.Devices[i].UUID = inst.UUID
+	pl.record.Devices[i].MIG = inst
+}
+
+// lockMIGGPUs takes the MIG lock of every GPU the plan creates or uses
+// MIG devices on, in a fixed order.
+func (p *Preparer) lockMIGGPUs(pl *plan) func() {
+	var gpus []string
+	for _, d := range pl.devices {
+		if d.mig != nil && !slices.Contains(gpus, d.mig.GPUUUID) {
+			gpus = append(gpus, d.mig.GPUUUID)
+		}
+	}
+	sort.Strings(gpus)
+	var unlocks []func()
+	for _, g := range gpus {
+		unlocks = append(unlocks, p.opts.MIG.Lock(g))
+	}
+	return func() {
+		for i := len(unlocks) - 1; i >= 0; i-- {
+			unlocks[i]()
+		}
+	}
+}
+
+// findMIG returns the MIG device of device i of the record when it
+// exists and may be used: a static instance, or in a repair the instance
+// at the allocated placement. It returns nil when a dynamic instance is
+// to be created. The caller holds the GPU's MIG lock.
+func (p *Preparer) findMIG(ctx context.Context, rec *checkpoint.Claim, i int, t mig.Instance, repair bool) (*mig.Instance, error) {
 	found, err := p.opts.MIG.Find(ctx, t)
 	if err != nil {
 		return nil, err
@@ -402,36 +443,23 @@ func (p *Preparer) prepareMIG(ctx context.Context, rec *checkpoint.Claim, i int,
 		found.Created = false
 		return found, nil
 	}
-	if found != nil {
-		if owner := p.migOwner(rec.UID, *found); owner != nil {
-			return nil, fmt.Errorf("MIG placement of %s is used by claim %s/%s (%s)", rec.Devices[i].Device, owner.Namespace, owner.Name, owner.UID)
-		}
-		if !repair {
-			return nil, fmt.Errorf("MIG placement of %s is used by GPU instance %d, which Tessera did not create for any claim; destroy it or run with --mig-mode=static", rec.Devices[i].Device, found.GIID)
-		}
-		// Repairing a lost record: the scheduler allocated this placement
-		// to this claim, so the instance there was made for it.
-		found.Created = true
-		if err := p.opts.MIG.EnsureCI(ctx, found); err != nil {
-			return nil, err
-		}
-		klog.FromContext(ctx).Info("Adopted MIG device for repaired claim", "claim", klog.KRef(rec.Namespace, rec.Name), "instance", found.String())
-		return found, nil
+	if found == nil {
+		return nil, nil
 	}
-	// Record the intent before creating: a crash after the creation
-	// finds the instance at the placement and removes it.
-	intent := t
-	rec.Devices[i].MIG = &intent
-	if err := p.put(rec); err != nil {
+	if owner := p.migOwner(rec.UID, *found); owner != nil {
+		return nil, fmt.Errorf("MIG placement of %s is used by claim %s/%s (%s)", rec.Devices[i].Device, owner.Namespace, owner.Name, owner.UID)
+	}
+	if !repair {
+		return nil, fmt.Errorf("MIG placement of %s is used by GPU instance %d, which Tessera did not create for any claim; destroy it or run with --mig-mode=static", rec.Devices[i].Device, found.GIID)
+	}
+	// Repairing a lost record: the scheduler allocated this placement to
+	// this claim, so the instance there was made for it.
+	found.Created = true
+	if err := p.opts.MIG.EnsureCI(ctx, found); err != nil {
 		return nil, err
 	}
-	p.crash(CrashPrepareMIGIntent)
-	inst, err := p.opts.MIG.Create(ctx, t, nil)
-	if err != nil {
-		return nil, err
-	}
-	p.crash(CrashPrepareMIGCreated)
-	return inst, nil
+	klog.FromContext(ctx).Info("Adopted MIG device for repaired claim", "claim", klog.KRef(rec.Namespace, rec.Name), "instance", found.String())
+	return found, nil
 }
 
 // migOwner returns the other claim whose record holds a MIG instance.
