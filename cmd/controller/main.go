@@ -1,0 +1,71 @@
+// Command controller is Tessera's queue controller: hierarchical queues with
+// GPU-memory quotas, fair share, gang admission checked against the
+// scheduler's own allocator, reclaim, and the webhooks that gate queued
+// pods and validate Queues. See --help and docs/controller.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/tessera-dev/tessera/pkg/controller"
+)
+
+func main() {
+	var opts controller.Options
+	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
+	opts.AddFlags(fs)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: controller [flags]\n\nTessera's queue controller: admits pods labelled tessera.dev/queue by queue quota, fair\nshare and an all-or-nothing simulation of their claims with the scheduler's allocator.\n\nFlags:\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if err == pflag.ErrHelp {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	logger := klog.Background()
+	ctx = klog.NewContext(ctx, logger)
+	ctrl.SetLogger(logger) // controller-runtime's packages log through it
+	if err := run(ctx, opts); err != nil {
+		fmt.Fprintf(os.Stderr, "controller: %v\n", err)
+		klog.Flush()
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, opts controller.Options) error {
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if opts.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("API server configuration (set --kubeconfig outside a cluster): %w", err)
+	}
+	cfg.QPS, cfg.Burst = opts.KubeAPIQPS, opts.KubeAPIBurst
+	cfg.UserAgent = "tessera-controller"
+	return controller.Run(ctx, cfg, opts)
+}

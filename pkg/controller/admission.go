@@ -1,0 +1,321 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/queue"
+)
+
+// hostnameLabel is the node label pinned pods select.
+const hostnameLabel = "kubernetes.io/hostname"
+
+// Admitter runs admission cycles and applies their decisions. Every event
+// of interest maps to one key, so changes that arrive while a cycle runs
+// are decided together in the next one.
+type Admitter struct {
+	Client   client.Client
+	Reader   client.Reader
+	Recorder recorder.EventRecorder
+	Engine   *admission.Engine
+	Metrics  *Metrics
+	Opts     Options
+
+	mu   sync.Mutex
+	last time.Time
+}
+
+// CycleRequest is the one key of the admission controller.
+var CycleRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "admission-cycle"}}
+
+// Reconcile runs one cycle.
+func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	a.mu.Lock()
+	wait := a.Opts.CycleInterval - time.Since(a.last)
+	a.mu.Unlock()
+	if wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	logger := klog.FromContext(ctx)
+	snap, err := a.snapshot(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	d, err := a.Engine.Decide(ctx, snap)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("admission cycle: %w", err)
+	}
+	a.mu.Lock()
+	a.last = time.Now()
+	a.mu.Unlock()
+	start := time.Now()
+	a.apply(ctx, snap, d)
+	logger.V(2).Info("Admission cycle", "workloads", d.Stats.Workloads, "pending", d.Stats.Pending, "admitted", d.Stats.Admitted,
+		"waiting", d.Stats.Waiting, "invalid", d.Stats.Invalid, "evicted", d.Stats.Evicted, "decide", d.Stats.Duration, "apply", time.Since(start))
+	a.Metrics.observe(d, time.Since(start))
+	return reconcile.Result{RequeueAfter: a.Opts.ResyncPeriod}, nil
+}
+
+func (a *Admitter) snapshot(ctx context.Context) (*admission.Snapshot, error) {
+	fast := client.UnsafeDisableDeepCopy
+	var (
+		queues    v1alpha1.QueueList
+		pods      corev1.PodList
+		claims    resourceapi.ResourceClaimList
+		templates resourceapi.ResourceClaimTemplateList
+		slices    resourceapi.ResourceSliceList
+		classes   resourceapi.DeviceClassList
+		nodes     corev1.NodeList
+	)
+	for _, l := range []client.ObjectList{&queues, &claims, &templates, &slices, &classes, &nodes} {
+		if err := a.Reader.List(ctx, l, fast); err != nil {
+			return nil, fmt.Errorf("listing %T: %w", l, err)
+		}
+	}
+	if err := a.Reader.List(ctx, &pods, fast, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+		return nil, fmt.Errorf("listing pods: %w", err)
+	}
+	s := &admission.Snapshot{}
+	for i := range queues.Items {
+		s.Queues = append(s.Queues, &queues.Items[i])
+	}
+	for i := range pods.Items {
+		s.Pods = append(s.Pods, &pods.Items[i])
+	}
+	for i := range claims.Items {
+		s.Claims = append(s.Claims, &claims.Items[i])
+	}
+	for i := range templates.Items {
+		s.Templates = append(s.Templates, &templates.Items[i])
+	}
+	for i := range slices.Items {
+		s.Slices = append(s.Slices, &slices.Items[i])
+	}
+	for i := range classes.Items {
+		s.Classes = append(s.Classes, &classes.Items[i])
+	}
+	for i := range nodes.Items {
+		s.Nodes = append(s.Nodes, &nodes.Items[i])
+	}
+	return s, nil
+}
+
+// apply carries out a decision: admissions first (all members of a
+// workload ungated back to back, workloads in decision order, so that the
+// scheduler sees them in that order), then evictions, then the reasons on
+// waiting pods and the queue status.
+func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admission.Decision) {
+	logger := klog.FromContext(ctx)
+	hostnames := map[string]string{}
+	for _, n := range snap.Nodes {
+		hostnames[n.Name] = n.Labels[hostnameLabel]
+	}
+	now := metav1.Now()
+	for _, ad := range d.Admit {
+		pin := a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && ad.Workload.Gang)
+		var failed []*corev1.Pod
+		var mu sync.Mutex
+		a.parallel(len(ad.Pods), func(i int) {
+			p := ad.Pods[i]
+			if err := a.ungate(ctx, p, ad.Nodes[p.UID], pin, hostnames); err != nil {
+				logger.Error(err, "Ungating an admitted pod failed; it is decided again next cycle", "pod", klog.KObj(p), "workload", ad.Workload.Key)
+				mu.Lock()
+				failed = append(failed, p)
+				mu.Unlock()
+			}
+		})
+		a.Engine.Forget(failed...)
+		a.parallel(len(ad.Pods), func(i int) {
+			p := ad.Pods[i]
+			a.setCondition(ctx, p, corev1.ConditionTrue, admission.ReasonAdmitted, ad.Message, now)
+			a.Recorder.Eventf(p, nil, corev1.EventTypeNormal, admission.ReasonAdmitted, "Admit", ad.Message)
+		})
+		logger.V(3).Info("Admitted", "workload", ad.Workload.Key, "queue", ad.Workload.QueueName, "pods", len(ad.Pods), "charge", ad.Charge.String())
+	}
+	for _, ev := range d.Evict {
+		logger.Info("Evicting to reclaim", "workload", ev.Workload.Key, "queue", ev.Workload.QueueName, "reason", ev.Message)
+		a.parallel(len(ev.Pods), func(i int) {
+			p := ev.Pods[i]
+			a.setCondition(ctx, p, corev1.ConditionFalse, admission.ReasonReclaimed, ev.Message, now)
+			a.Recorder.Eventf(p, nil, corev1.EventTypeWarning, admission.ReasonReclaimed, "Evict", ev.Message)
+			uid := p.UID
+			if err := a.Client.Delete(ctx, p, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+				logger.Error(err, "Evicting a pod failed", "pod", klog.KObj(p))
+			}
+		})
+	}
+	type job struct {
+		p *corev1.Pod
+		v *admission.Verdict
+	}
+	var jobs []job
+	for _, v := range d.Waiting {
+		for _, p := range v.Workload.Pods {
+			if !admission.HasAdmissionGate(p) {
+				continue
+			}
+			if c := podCondition(p); c != nil && c.Status == corev1.ConditionFalse && c.Reason == v.Reason && c.Message == v.Message {
+				continue // already says so
+			}
+			jobs = append(jobs, job{p, v})
+		}
+	}
+	a.parallel(len(jobs), func(i int) {
+		j := jobs[i]
+		a.setCondition(ctx, j.p, corev1.ConditionFalse, j.v.Reason, j.v.Message, now)
+		typ := corev1.EventTypeNormal
+		if j.v.Invalid {
+			typ = corev1.EventTypeWarning
+		}
+		a.Recorder.Eventf(j.p, nil, typ, j.v.Reason, "Queue", j.v.Message)
+	})
+	a.updateQueues(ctx, snap, d)
+}
+
+func (a *Admitter) parallel(n int, f func(i int)) {
+	if n == 0 {
+		return
+	}
+	workers := min(a.Opts.ApplyWorkers, n)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				f(i)
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// ungate removes the admission gate (and only it), records the simulated
+// node and, when pinning, selects that node.
+func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin bool, hostnames map[string]string) error {
+	// metadata.uid makes the patch fail on a pod recreated under the same
+	// name since the snapshot (the UID is immutable).
+	md := map[string]any{"uid": string(p.UID)}
+	patch := map[string]any{
+		"metadata": md,
+		"spec": map[string]any{
+			"schedulingGates": []map[string]any{{"$patch": "delete", "name": v1alpha1.AdmissionGate}},
+		},
+	}
+	if node != "" {
+		md["annotations"] = map[string]string{v1alpha1.NodeAnnotation: node}
+		if h := hostnames[node]; pin && h != "" {
+			if cur, ok := p.Spec.NodeSelector[hostnameLabel]; !ok || cur == h {
+				patch["spec"].(map[string]any)["nodeSelector"] = map[string]string{hostnameLabel: h}
+			}
+		}
+	}
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+	return a.Client.Patch(ctx, target, client.RawPatch(types.StrategicMergePatchType, data))
+}
+
+func podCondition(p *corev1.Pod) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == v1alpha1.AdmissionCondition {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// setCondition writes the admission condition with a strategic merge patch
+// (other writers' conditions are kept).
+func (a *Admitter) setCondition(ctx context.Context, p *corev1.Pod, status corev1.ConditionStatus, reason, message string, now metav1.Time) {
+	cond := corev1.PodCondition{Type: v1alpha1.AdmissionCondition, Status: status, Reason: reason, Message: message, LastTransitionTime: now, LastProbeTime: now}
+	if c := podCondition(p); c != nil && c.Status == status {
+		cond.LastTransitionTime = c.LastTransitionTime
+	}
+	patch := map[string]any{"status": map[string]any{"conditions": []corev1.PodCondition{cond}}}
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return
+	}
+	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+	if err := a.Client.Status().Patch(ctx, target, client.RawPatch(types.StrategicMergePatchType, data)); err != nil && !apierrors.IsNotFound(err) {
+		klog.FromContext(ctx).V(2).Info("Setting the admission condition failed", "pod", klog.KObj(p), "err", err)
+	}
+}
+
+// updateQueues writes the status of every queue that changed.
+func (a *Admitter) updateQueues(ctx context.Context, snap *admission.Snapshot, d *admission.Decision) {
+	problems := admission.QueueProblems(snap.Queues)
+	queues := append([]*v1alpha1.Queue(nil), snap.Queues...)
+	sort.Slice(queues, func(i, j int) bool { return queues[i].Name < queues[j].Name })
+	for _, q := range queues {
+		st := d.Queues[q.Name]
+		if st == nil {
+			continue
+		}
+		next := st.DeepCopy()
+		next.ObservedGeneration = q.Generation
+		next.Conditions = append([]metav1.Condition(nil), q.Status.Conditions...)
+		cond := metav1.Condition{Type: v1alpha1.QueueConditionValid, Status: metav1.ConditionTrue, Reason: "Valid", Message: "queue takes workloads", ObservedGeneration: q.Generation}
+		if why := problems[q.Name]; why != "" {
+			cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Invalid", why
+		} else if len(childrenOf(q.Name, snap.Queues)) > 0 {
+			cond.Message = "parent queue: workloads go to its leaf queues"
+		}
+		meta.SetStatusCondition(&next.Conditions, cond)
+		if statusEqual(&q.Status, next) {
+			continue
+		}
+		target := q.DeepCopy()
+		target.Status = *next
+		if err := a.Client.Status().Update(ctx, target); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			klog.FromContext(ctx).Error(err, "Updating queue status failed", "queue", q.Name)
+		}
+	}
+}
+
+func childrenOf(name string, qs []*v1alpha1.Queue) []string { return queue.Children(name, qs) }
+
+// statusEqual compares statuses, quantities by value.
+func statusEqual(a, b *v1alpha1.QueueStatus) bool {
+	if a.ObservedGeneration != b.ObservedGeneration || a.AdmittedWorkloads != b.AdmittedWorkloads || a.PendingWorkloads != b.PendingWorkloads {
+		return false
+	}
+	for _, pair := range [][2]v1alpha1.ResourceList{{a.Allocated, b.Allocated}, {a.Pending, b.Pending}, {a.FairShare, b.FairShare}} {
+		if len(pair[0]) != len(pair[1]) {
+			return false
+		}
+		for k, v := range pair[0] {
+			w, ok := pair[1][k]
+			if !ok || v.Cmp(w) != 0 {
+				return false
+			}
+		}
+	}
+	return apiequality.Semantic.DeepEqual(a.Conditions, b.Conditions)
+}

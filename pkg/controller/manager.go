@@ -1,0 +1,254 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/webhook"
+)
+
+// NewScheme returns the scheme the controller works with.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// New builds the manager: cache (labelled pods only), the admission
+// controller, webhooks, metrics and health endpoints, leader election.
+// Registry is where metrics go (nil: controller-runtime's registry).
+func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	logger := klog.FromContext(ctx)
+	scheme, err := NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	direct, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	queued, err := labels.NewRequirement(v1alpha1.QueueLabel, selection.Exists, nil)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		whServer ctrlwebhook.Server
+		target   *webhook.Target
+	)
+	if o.WebhookPort > 0 {
+		whServer, target, err = webhookServer(ctx, direct, o)
+		if err != nil {
+			return nil, err
+		}
+	}
+	mgrOpts := ctrl.Options{
+		Scheme:                        scheme,
+		Logger:                        logger,
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionNamespace:       o.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 ptr.To(o.LeaderElectionLease),
+		RenewDeadline:                 ptr.To(o.LeaderElectionRenewTime),
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Label: labels.NewSelector().Add(*queued)},
+		}},
+		WebhookServer: whServer,
+		BaseContext:   func() context.Context { return ctx },
+	}
+	if o.HealthProbeBindAddress == "0" {
+		mgrOpts.HealthProbeBindAddress = ""
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
+	if err != nil {
+		return nil, fmt.Errorf("manager: %w", err)
+	}
+	cfgEngine := admission.Config{Reclaim: o.Reclaim, Features: allocation.SchedulerFeatures}
+	admitter := &Admitter{
+		Client:   mgr.GetClient(),
+		Reader:   mgr.GetCache(),
+		Recorder: mgr.GetEventRecorder("tessera-controller"),
+		Engine:   admission.NewEngine(cfgEngine),
+		Metrics:  NewMetrics(registry(o)),
+		Opts:     o,
+	}
+	one := func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{CycleRequest} }
+	b := ctrl.NewControllerManagedBy(mgr).Named("admission").
+		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: ptr.To(true)})
+	for _, obj := range []client.Object{&v1alpha1.Queue{}, &corev1.Pod{}, &resourceapi.ResourceClaim{}, &resourceapi.ResourceClaimTemplate{},
+		&resourceapi.ResourceSlice{}, &resourceapi.DeviceClass{}, &corev1.Node{}} {
+		b = b.WatchesRawSource(source.Kind(mgr.GetCache(), obj, handler.EnqueueRequestsFromMapFunc(one)))
+	}
+	if err := b.Complete(admitter); err != nil {
+		return nil, fmt.Errorf("admission controller: %w", err)
+	}
+	if whServer != nil {
+		whServer = mgr.GetWebhookServer() // adds it to the manager's runnables
+		decoder := webhook.NewDecoder(scheme)
+		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: decoder}})
+		whServer.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: decoder, Reader: direct}})
+		if target != nil {
+			t := *target
+			if err := mgr.Add(&configurer{server: whServer, client: direct, target: t}); err != nil {
+				return nil, err
+			}
+		}
+		if err := mgr.AddReadyzCheck("webhook", whServer.StartedChecker()); err != nil {
+			return nil, err
+		}
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	return mgr, nil
+}
+
+// Run builds the manager and runs it until ctx ends.
+func Run(ctx context.Context, cfg *rest.Config, o Options) error {
+	mgr, err := New(ctx, cfg, o)
+	if err != nil {
+		return err
+	}
+	klog.FromContext(ctx).Info("Starting the Tessera controller", "leaderElect", o.LeaderElect, "namespace", o.Namespace,
+		"webhook", net.JoinHostPort(o.WebhookHost, strconv.Itoa(o.WebhookPort)), "webhookConfig", o.WebhookConfig, "reclaim", o.Reclaim, "pinNodes", o.PinNodes)
+	return mgr.Start(ctx)
+}
+
+// webhookServer makes the webhook server with its certificate and says
+// where the configurations must point (nil: leave them alone).
+func webhookServer(ctx context.Context, c client.Client, o Options) (ctrlwebhook.Server, *webhook.Target, error) {
+	opts := ctrlwebhook.Options{Host: o.WebhookHost, Port: o.WebhookPort}
+	if o.WebhookConfig == WebhookNone {
+		for _, f := range []string{"tls.crt", "tls.key"} {
+			if _, err := os.Stat(filepath.Join(o.WebhookCertDir, f)); err != nil {
+				return nil, nil, fmt.Errorf("--webhook-cert-dir: %w", err)
+			}
+		}
+		opts.CertDir = o.WebhookCertDir
+		return ctrlwebhook.NewServer(opts), nil, nil
+	}
+	ca, err := webhook.EnsureCA(ctx, c, o.Namespace, o.WebhookCASecret)
+	if err != nil {
+		return nil, nil, fmt.Errorf("webhook CA: %w (does namespace %s exist? set --namespace)", err, o.Namespace)
+	}
+	hosts := []string{"127.0.0.1", "::1", "localhost"}
+	if o.WebhookHost != "" && o.WebhookHost != "0.0.0.0" && o.WebhookHost != "::" {
+		hosts = append(hosts, o.WebhookHost)
+	}
+	target := &webhook.Target{CABundle: ca.CertPEM}
+	switch o.WebhookConfig {
+	case WebhookService:
+		ns, name, port, _ := parseService(o.WebhookService)
+		hosts = append(hosts, name+"."+ns+".svc", name+"."+ns+".svc.cluster.local")
+		target.Service = &admissionregistrationv1.ServiceReference{Namespace: ns, Name: name, Port: ptr.To(port)}
+	default:
+		base := o.WebhookURL
+		if base == "" {
+			host := o.WebhookHost
+			if host == "" || host == "0.0.0.0" || host == "::" {
+				host = "127.0.0.1"
+			}
+			base = "https://" + net.JoinHostPort(host, strconv.Itoa(o.WebhookPort))
+		}
+		u, err := url.Parse(base)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return nil, nil, fmt.Errorf("--webhook-url=%q is not an https URL", base)
+		}
+		hosts = append(hosts, u.Hostname())
+		target.BaseURL = base
+	}
+	cert, err := ca.ServingCert(hosts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("webhook serving certificate: %w", err)
+	}
+	opts.TLSOpts = []func(*tls.Config){func(t *tls.Config) {
+		t.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
+	}}
+	return ctrlwebhook.NewServer(opts), target, nil
+}
+
+// configurer points the webhook configurations at the server once it
+// serves. Every replica does it; they share the CA, so they agree.
+type configurer struct {
+	server ctrlwebhook.Server
+	client client.Client
+	target webhook.Target
+}
+
+func (c *configurer) NeedLeaderElection() bool { return false }
+
+func (c *configurer) Start(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	check := c.server.StartedChecker()
+	for check(nil) != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for {
+		err := webhook.EnsureConfigurations(ctx, c.client, c.target)
+		if err == nil {
+			logger.Info("Webhook configurations point at this controller", "url", c.target.BaseURL, "service", c.target.Service)
+			return nil
+		}
+		logger.Error(err, "Writing the webhook configurations failed; retrying")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func registry(o Options) prometheus.Registerer {
+	if o.Registry != nil {
+		return o.Registry
+	}
+	return ctrlmetrics.Registry
+}

@@ -1,0 +1,155 @@
+// Package controller is Tessera's queue controller: a controller-runtime
+// manager with leader election that runs the admission cycle (pkg/admission)
+// on every relevant change, applies its decisions (ungate, evict, explain),
+// keeps Queue status, and serves the pod-gating and Queue-validating
+// webhooks (pkg/webhook) with a self-signed CA it keeps in a Secret.
+package controller
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+)
+
+// Webhook configuration modes.
+const (
+	// WebhookURL: the controller writes webhook configurations with a URL
+	// (https://<webhook-host>:<webhook-port>) and its CA; for a controller
+	// running as a host process next to the API server.
+	WebhookURL = "url"
+	// WebhookService: configurations name a Service (--webhook-service).
+	WebhookService = "service"
+	// WebhookNone: the controller serves with the certificate in
+	// --webhook-cert-dir and leaves the configurations alone (Helm,
+	// cert-manager).
+	WebhookNone = "none"
+)
+
+// Pinning modes: which admitted pods get a node selector for the node the
+// admission simulation placed them on.
+const (
+	PinGangs = "gangs"
+	PinAll   = "all"
+	PinNone  = "none"
+)
+
+// Options are the controller's command-line options. The flag names are a
+// contract with scripts, the e2e harness and the Helm chart.
+type Options struct {
+	Kubeconfig              string
+	Namespace               string
+	LeaderElect             bool
+	LeaderElectionID        string
+	MetricsBindAddress      string
+	HealthProbeBindAddress  string
+	WebhookHost             string
+	WebhookPort             int
+	WebhookConfig           string
+	WebhookService          string
+	WebhookURL              string
+	WebhookCertDir          string
+	WebhookCASecret         string
+	Reclaim                 bool
+	PinNodes                string
+	CycleInterval           time.Duration
+	ResyncPeriod            time.Duration
+	KubeAPIQPS              float32
+	KubeAPIBurst            int
+	ApplyWorkers            int
+	LeaderElectionLease     time.Duration
+	LeaderElectionRenewTime time.Duration
+	// Registry receives the controller's metrics; nil means
+	// controller-runtime's registry (served at --metrics-bind-address).
+	Registry prometheus.Registerer
+}
+
+// DefaultNamespace is where the controller keeps its Secret and lease:
+// $POD_NAMESPACE in a cluster, kube-system for a host process.
+func DefaultNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	if data, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+		return strings.TrimSpace(string(data))
+	}
+	return "kube-system"
+}
+
+// AddFlags registers the options.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty means in-cluster configuration.")
+	fs.StringVar(&o.Namespace, "namespace", DefaultNamespace(), "Namespace of the leader-election lease and the webhook CA Secret.")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader admits and evicts (all replicas serve the webhooks).")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "tessera-controller.tessera.dev", "Name of the leader-election lease.")
+	fs.DurationVar(&o.LeaderElectionLease, "leader-election-lease-duration", 15*time.Second, "How long a leader's lease lasts without renewal.")
+	fs.DurationVar(&o.LeaderElectionRenewTime, "leader-election-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew before it gives up leadership.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "127.0.0.1:8380", "Address of the Prometheus metrics endpoint; 0 disables it.")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", "127.0.0.1:8381", "Address of /healthz and /readyz; 0 disables them.")
+	fs.StringVar(&o.WebhookHost, "webhook-host", "127.0.0.1", "Address the webhook server listens on; in --webhook-config=url mode also the host in the URL the API server calls.")
+	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Port of the webhook server.")
+	fs.StringVar(&o.WebhookConfig, "webhook-config", WebhookURL, "How the API server reaches the webhooks: url (the controller writes configurations with https://<webhook-host>:<webhook-port> and its CA), service (configurations name --webhook-service, CA patched in), none (serve the certificate in --webhook-cert-dir, leave configurations alone).")
+	fs.StringVar(&o.WebhookService, "webhook-service", "", "For --webhook-config=service: <namespace>/<name>[:<port>] of the Service in front of the webhook server.")
+	fs.StringVar(&o.WebhookURL, "webhook-url", "", "For --webhook-config=url: base URL the API server calls, if not https://<webhook-host>:<webhook-port>.")
+	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "", "For --webhook-config=none: directory with tls.crt and tls.key (e.g. issued by cert-manager).")
+	fs.StringVar(&o.WebhookCASecret, "webhook-ca-secret", "tessera-controller-webhook-ca", "Secret (in --namespace) holding the self-signed webhook CA shared by all replicas.")
+	fs.BoolVar(&o.Reclaim, "reclaim", true, "Evict over-quota workloads of other queues (never below their quota) for a workload within its queue's quota that does not fit otherwise.")
+	fs.StringVar(&o.PinNodes, "pin-nodes", PinGangs, "Which admitted pods get a node selector for the node the admission simulation placed them on: gangs (members of a gang start where they were found to fit together), all, none.")
+	fs.DurationVar(&o.CycleInterval, "cycle-interval", 500*time.Millisecond, "Minimum time between admission cycles; changes in between are decided together.")
+	fs.DurationVar(&o.ResyncPeriod, "resync-period", 30*time.Second, "Run an admission cycle at least this often.")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 50, "Queries per second to the API server.")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 100, "Burst of queries to the API server.")
+	fs.IntVar(&o.ApplyWorkers, "apply-workers", 16, "Parallel API calls when applying a cycle's decisions (ungating a gang's members, pod conditions).")
+}
+
+// Validate checks the options; messages name the flag to fix.
+func (o *Options) Validate() error {
+	switch o.WebhookConfig {
+	case WebhookURL, WebhookNone:
+	case WebhookService:
+		if _, _, _, err := parseService(o.WebhookService); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("--webhook-config=%q is not valid: use url, service or none", o.WebhookConfig)
+	}
+	if o.WebhookConfig == WebhookNone && o.WebhookPort > 0 && o.WebhookCertDir == "" {
+		return fmt.Errorf("--webhook-config=none needs --webhook-cert-dir with tls.crt and tls.key")
+	}
+	switch o.PinNodes {
+	case PinGangs, PinAll, PinNone:
+	default:
+		return fmt.Errorf("--pin-nodes=%q is not valid: use gangs, all or none", o.PinNodes)
+	}
+	if o.WebhookPort > 65535 {
+		return fmt.Errorf("--webhook-port=%d is not a port", o.WebhookPort)
+	}
+	if o.CycleInterval < 0 || o.ResyncPeriod <= 0 {
+		return fmt.Errorf("--cycle-interval must not be negative and --resync-period must be positive")
+	}
+	if o.ApplyWorkers < 1 {
+		return fmt.Errorf("--apply-workers=%d must be at least 1", o.ApplyWorkers)
+	}
+	return nil
+}
+
+// parseService reads <namespace>/<name>[:<port>].
+func parseService(s string) (ns, name string, port int32, err error) {
+	ns, rest, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || rest == "" {
+		return "", "", 0, fmt.Errorf("--webhook-service=%q: use <namespace>/<name>[:<port>], e.g. tessera-system/tessera-controller-webhook:443", s)
+	}
+	name, p, hasPort := strings.Cut(rest, ":")
+	port = 443
+	if hasPort {
+		var n int
+		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || n < 1 || n > 65535 {
+			return "", "", 0, fmt.Errorf("--webhook-service=%q: port %q is not a port", s, p)
+		}
+		port = int32(n)
+	}
+	return ns, name, port, nil
+}

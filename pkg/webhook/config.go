@@ -1,0 +1,94 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+)
+
+// ConfigurationName names the webhook configurations the controller keeps.
+const ConfigurationName = "tessera-controller"
+
+// Target says how the API server reaches the webhook server: by URL
+// (BaseURL, e.g. https://127.0.0.1:9443) or by Service.
+type Target struct {
+	BaseURL string
+	Service *admissionregistrationv1.ServiceReference
+	// CABundle verifies the serving certificate.
+	CABundle []byte
+}
+
+func (t Target) clientConfig(path string) admissionregistrationv1.WebhookClientConfig {
+	cc := admissionregistrationv1.WebhookClientConfig{CABundle: t.CABundle}
+	if t.Service != nil {
+		svc := *t.Service
+		svc.Path = ptr.To(path)
+		cc.Service = &svc
+	} else {
+		cc.URL = ptr.To(t.BaseURL + path)
+	}
+	return cc
+}
+
+// EnsureConfigurations creates or updates the mutating (pods) and
+// validating (queues) webhook configurations to point at the target.
+func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error {
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, c, mutating, func() error {
+		mutating.Labels = map[string]string{"app.kubernetes.io/name": "tessera-controller"}
+		mutating.Webhooks = []admissionregistrationv1.MutatingWebhook{{
+			Name:         "gate.pods.tessera.dev",
+			ClientConfig: t.clientConfig(PodsPath),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"},
+					Scope: ptr.To(admissionregistrationv1.NamespacedScope),
+				},
+			}},
+			// Only pods that name a queue reach the webhook.
+			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: v1alpha1.QueueLabel, Operator: metav1.LabelSelectorOpExists,
+			}}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](10),
+		}}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("mutating webhook configuration %s: %w", ConfigurationName, err)
+	}
+	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, c, validating, func() error {
+		validating.Labels = map[string]string{"app.kubernetes.io/name": "tessera-controller"}
+		validating.Webhooks = []admissionregistrationv1.ValidatingWebhook{{
+			Name:         "validate.queues.tessera.dev",
+			ClientConfig: t.clientConfig(QueuesPath),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete},
+				Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{v1alpha1.GroupVersion.Group}, APIVersions: []string{v1alpha1.GroupVersion.Version}, Resources: []string{"queues"},
+					Scope: ptr.To(admissionregistrationv1.ClusterScope),
+				},
+			}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](10),
+		}}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("validating webhook configuration %s: %w", ConfigurationName, err)
+	}
+	return nil
+}
