@@ -78,7 +78,9 @@ type QueueSpec struct {
 	Priority int32 `json:"priority,omitempty"`
 	// Resources bounds the accounted resources (gpu.tessera.dev/memory,
 	// gpu.tessera.dev/gpus). Quota decisions look only at the resources
-	// listed; a queue that lists none has quota 0 and no limit in both.
+	// listed. A leaf queue that lists none has quota 0 and no limit in
+	// both; a parent queue that lists none only groups its children (its
+	// quota for fair share is the sum of theirs, and it bounds nothing).
 	// +optional
 	// +kubebuilder:validation:MaxProperties=2
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'gpu.tessera.dev/memory' || k == 'gpu.tessera.dev/gpus')",message="accounted resources are gpu.tessera.dev/memory and gpu.tessera.dev/gpus"

@@ -379,3 +379,25 @@ func TestFormat(t *testing.T) {
 		t.Errorf("FromQuantity(0.25) = %d", v)
 	}
 }
+
+func TestParentWithoutResourcesOnlyGroups(t *testing.T) {
+	mem := func(quota string) map[v1alpha1.ResourceName]v1alpha1.QueueResource {
+		return map[v1alpha1.ResourceName]v1alpha1.QueueResource{v1alpha1.ResourceGPUMemory: {Quota: ptr.To(resource.MustParse(quota))}}
+	}
+	tree := NewTree([]*v1alpha1.Queue{
+		{ObjectMeta: metav1.ObjectMeta{Name: "lab"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: v1alpha1.QueueSpec{Parent: "lab", Resources: mem("10Gi")}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: v1alpha1.QueueSpec{Parent: "lab", Resources: mem("6Gi")}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "idle"}},
+	})
+	gi := int64(1 << 30)
+	if v := CheckQuota(tree.Queues["a"], Vector{Memory: 8 * gi}); v != nil {
+		t.Errorf("a parent listing no resources bounds its children: %s", v.Message(tree.Queues["a"]))
+	}
+	if got := tree.Queues["lab"].Quota[Memory]; got != 16*gi {
+		t.Errorf("lab's quota for fair share is %d, want the children's 16Gi", got)
+	}
+	if v := CheckQuota(tree.Queues["idle"], Vector{Memory: gi}); v == nil {
+		t.Error("a leaf listing no resources has quota 0")
+	}
+}

@@ -21,9 +21,11 @@ type Queue struct {
 	Limit  Vector
 	Weight Vector
 	// Bounded marks the resources the queue lists in spec.resources; quota
-	// decisions look only at these. A queue that lists none is bounded in
-	// all of them with quota 0.
+	// decisions look only at these. A leaf queue that lists none is bounded
+	// in all of them with quota 0; a parent queue that lists none only
+	// groups its children (see NewTree).
 	Bounded [NumResources]bool
+	listed  bool
 	// Invalid says why the queue cannot take workloads (unknown parent,
 	// cycle); empty when it can.
 	Invalid string
@@ -79,7 +81,8 @@ func FromAPI(obj *v1alpha1.Queue) *Queue {
 			q.Weight[r] = int64(max(0, *res.OverQuotaWeight))
 		}
 	}
-	if q.Bounded == [NumResources]bool{} {
+	q.listed = q.Bounded != [NumResources]bool{}
+	if !q.listed {
 		q.Bounded = [NumResources]bool{true, true}
 	}
 	return q
@@ -127,8 +130,27 @@ func NewTree(objs []*v1alpha1.Queue) *Tree {
 		if r.Invalid != "" {
 			mark(r, r.Invalid)
 		}
+		group(r)
 	}
 	return t
+}
+
+// group makes parent queues that list no resources transparent: no quota
+// check of their own, and the sum of their children's quotas as their
+// quota when the fair share is divided among siblings.
+func group(q *Queue) Vector {
+	if q.IsLeaf() {
+		return q.Quota
+	}
+	var sum Vector
+	for _, c := range q.Children {
+		sum = sum.Add(group(c))
+	}
+	if !q.listed {
+		q.Bounded = [NumResources]bool{}
+		q.Quota = sum
+	}
+	return q.Quota
 }
 
 func sortedKeys[V any](m map[string]V) []string {

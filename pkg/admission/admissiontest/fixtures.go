@@ -154,10 +154,13 @@ func Pod(ns, name string, o PodOptions) *corev1.Pod {
 	return p
 }
 
-// Queue returns a Queue with memory quota and limit ("" = unset) and
-// optional GPU quota and limit.
+// Queue returns a Queue with memory quota and limit ("" = unset); with
+// both unset it lists no resources.
 func Queue(name, parent, memQuota, memLimit string) *v1alpha1.Queue {
 	q := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.QueueSpec{Parent: parent}}
+	if memQuota == "" && memLimit == "" {
+		return q
+	}
 	r := v1alpha1.QueueResource{}
 	if memQuota != "" {
 		r.Quota = ptr.To(resource.MustParse(memQuota))
