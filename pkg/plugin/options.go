@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/backend"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/health"
 )
 
 // Options are the kubelet plugin's command-line options.
@@ -75,7 +76,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
 	fs.StringVar(&o.NvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary used to set GPU time-slice intervals (--gpu-backend=nvml).")
-	fs.UintSliceVar(&o.HealthIgnoredXIDs, "health-ignored-xids", []uint{13, 31, 43, 45, 68, 109}, "XID errors caused by applications that do not make a GPU unhealthy; any other XID taints the device.")
+	var ignored []uint
+	for _, x := range health.DefaultIgnoredXIDs {
+		ignored = append(ignored, uint(x))
+	}
+	fs.UintSliceVar(&o.HealthIgnoredXIDs, "health-ignored-xids", ignored, "XID errors caused by applications that do not make a GPU unhealthy; any other XID taints the device.")
 }
 
 // DeviceModelConfig validates the options that shape the device model.

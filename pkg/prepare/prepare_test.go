@@ -16,6 +16,8 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
+	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
 
@@ -396,4 +398,46 @@ func TestManyClaimsInParallel(t *testing.T) {
 	}
 	wg.Wait()
 	e.assertClean()
+}
+
+// TestStaticMIG uses an existing MIG instance and leaves it at unprepare.
+func TestStaticMIG(t *testing.T) {
+	e := newEnv(t, withMIG(), func(e *env) { e.cfg.MIGMode = "static" })
+	gpu := e.inv.GPUs[0]
+	var prof discover.MIGProfile
+	for _, p := range gpu.MIGProfiles {
+		if p.Name == "2g.10gb" {
+			prof = p
+		}
+	}
+	tmpl, err := mig.Template(gpu, prof, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock := e.opts.MIG.Lock(gpu.UUID)
+	inst, err := e.opts.MIG.Create(e.ctx, tmpl, nil)
+	unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.start() // rediscover: the instance is now published
+	c := claim("static", device("mig", "gpu-0-mig-2g10gb-4"))
+	ids := e.prepare(c)
+	env, _ := e.inject(ids...)
+	if env["NVIDIA_VISIBLE_DEVICES"] != inst.UUID || env["TESSERA_MODE"] != "mig" {
+		t.Errorf("env %v, instance %s", env, inst.UUID)
+	}
+	if _, err := e.p.Prepare(e.ctx, claim("other", device("mig", "gpu-0-mig-2g10gb-4"))); err == nil {
+		t.Error("one static MIG device prepared for two claims")
+	}
+	if _, err := e.p.Prepare(e.ctx, claim("missing", device("mig", "gpu-0-mig-2g10gb-0"))); err == nil {
+		t.Error("a MIG device that does not exist was prepared")
+	}
+	e.unprepare(c)
+	if e.migInstances() != 1 {
+		t.Errorf("static instance destroyed: %d left", e.migInstances())
+	}
+	if len(e.files("cdi")) != 0 || len(e.files("checkpoint")) != 0 {
+		t.Errorf("left: %v %v", e.files("cdi"), e.files("checkpoint"))
+	}
 }
