@@ -59,21 +59,7 @@ func benchQueues() ([]*v1alpha1.Queue, []string) {
 	return qs, leaves
 }
 
-// BenchmarkAdmission decides 10,000 pending pods (7,000 single pods with
-// memory shares of 10, 20 or 40Gi, 2,000 single pods with a whole GPU and
-// 1,000 pods in gangs of 8 with a whole GPU each) in 1,000 queues on 1,000
-// simulated 8-GPU nodes, in one cycle from a fresh engine. It reports
-// workloads decided per second.
-func BenchmarkAdmission(b *testing.B) {
-	nodes, slices := benchCluster(b, 1000)
-	queues, leaves := benchQueues()
-	snap := &admission.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(),
-		Templates: []*resourceapi.ResourceClaimTemplate{
-			Template("ns", "s10", Request{Memory: "10Gi"}),
-			Template("ns", "s20", Request{Memory: "20Gi"}),
-			Template("ns", "s40", Request{Memory: "40Gi"}),
-			Template("ns", "gpu", Request{}),
-		}}
+func benchPending(snap *admission.Snapshot, leaves []string) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	shares := []string{"s10", "s20", "s40"}
 	for i := range 10000 {
@@ -92,6 +78,72 @@ func BenchmarkAdmission(b *testing.B) {
 		}
 		snap.Pods = append(snap.Pods, Pod("ns", name, o))
 	}
+}
+
+func benchTemplates() []*resourceapi.ResourceClaimTemplate {
+	return []*resourceapi.ResourceClaimTemplate{
+		Template("ns", "s10", Request{Memory: "10Gi"}),
+		Template("ns", "s20", Request{Memory: "20Gi"}),
+		Template("ns", "s40", Request{Memory: "40Gi"}),
+		Template("ns", "gpu", Request{}),
+		Template("ns", "eight", Request{Count: 8}),
+	}
+}
+
+// fillNodes runs an admitted, allocated 8-GPU pod on each of the first n
+// nodes.
+func fillNodes(snap *admission.Snapshot, nodes []*corev1.Node, n int, queue string) {
+	for i := range n {
+		p := Pod("ns", fmt.Sprintf("busy-%04d", i), PodOptions{Queue: queue, Templates: []string{"eight"}})
+		claim := Claim("ns", p.Name+"-t0", Request{Count: 8})
+		p.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "t0", ResourceClaimName: ptr.To(claim.Name)}}
+		var res []resourceapi.DeviceRequestAllocationResult
+		for g := range 8 {
+			res = append(res, resourceapi.DeviceRequestAllocationResult{Request: "r0", Driver: "gpu.tessera.dev", Pool: nodes[i].Name, Device: fmt.Sprintf("gpu-%d", g)})
+		}
+		claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: res}}
+		snap.Pods = append(snap.Pods, p)
+		snap.Claims = append(snap.Claims, claim)
+	}
+}
+
+// BenchmarkAdmissionFullCluster re-decides the same 10,000 pending pods
+// when every GPU is taken: the cost of a cycle in which everything waits.
+func BenchmarkAdmissionFullCluster(b *testing.B) {
+	nodes, slices := benchCluster(b, 1000)
+	queues, leaves := benchQueues()
+	snap := &admission.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
+	fillNodes(snap, nodes, 1000, leaves[0])
+	benchPending(snap, leaves)
+	ctx := context.Background()
+	eng := admission.NewEngine(admission.DefaultConfig())
+	b.ResetTimer()
+	var d *admission.Decision
+	for b.Loop() {
+		var err error
+		d, err = eng.Decide(ctx, snap)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if d.Stats.Admitted != 0 {
+		b.Fatalf("admitted on a full cluster: %+v", d.Stats)
+	}
+	b.ReportMetric(float64(d.Stats.Pending)/(float64(b.Elapsed())/float64(b.N)/1e9), "workloads/s")
+	b.ReportMetric(float64(d.Stats.AllocatorCalls), "allocator-calls")
+}
+
+// BenchmarkAdmission decides 10,000 pending pods (7,000 single pods with
+// memory shares of 10, 20 or 40Gi, 2,000 single pods with a whole GPU and
+// 1,000 pods in gangs of 8 with a whole GPU each) in 1,000 queues on 1,000
+// simulated 8-GPU nodes, in one cycle from a fresh engine. It reports
+// workloads decided per second.
+func BenchmarkAdmission(b *testing.B) {
+	nodes, slices := benchCluster(b, 1000)
+	queues, leaves := benchQueues()
+	snap := &admission.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
+	benchPending(snap, leaves)
 	ctx := context.Background()
 	b.ResetTimer()
 	var d *admission.Decision
@@ -116,22 +168,10 @@ func BenchmarkAdmission(b *testing.B) {
 // 1,000 simulated 8-GPU nodes of which the first half is full.
 func BenchmarkGang512(b *testing.B) {
 	nodes, slices := benchCluster(b, 1000)
-	snap := &admission.Snapshot{Queues: []*v1alpha1.Queue{Queue("train", "", "", "")}, Nodes: nodes, Slices: slices, Classes: Classes(),
-		Templates: []*resourceapi.ResourceClaimTemplate{Template("ns", "gpu", Request{}), Template("ns", "eight", Request{Count: 8})}}
-	// Fill the first 500 nodes with admitted, allocated 8-GPU pods.
+	snap := &admission.Snapshot{Queues: []*v1alpha1.Queue{Queue("train", "", "", "")}, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
+	// The first 500 nodes are full.
+	fillNodes(snap, nodes, 500, "train")
 	ctx := context.Background()
-	for i := range 500 {
-		p := Pod("ns", fmt.Sprintf("busy-%03d", i), PodOptions{Queue: "train", Templates: []string{"eight"}})
-		claim := Claim("ns", p.Name+"-t0", Request{Count: 8})
-		p.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "t0", ResourceClaimName: ptr.To(claim.Name)}}
-		var res []resourceapi.DeviceRequestAllocationResult
-		for g := range 8 {
-			res = append(res, resourceapi.DeviceRequestAllocationResult{Request: "r0", Driver: "gpu.tessera.dev", Pool: nodes[i].Name, Device: fmt.Sprintf("gpu-%d", g)})
-		}
-		claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: res}}
-		snap.Pods = append(snap.Pods, p)
-		snap.Claims = append(snap.Claims, claim)
-	}
 	for i := range 512 {
 		snap.Pods = append(snap.Pods, Pod("ns", fmt.Sprintf("train-%03d", i), PodOptions{Queue: "train", Gang: "train", GangSize: "512", Gated: true, Templates: []string{"gpu"}}))
 	}

@@ -64,13 +64,18 @@ type Config struct {
 	// Reclaim evicts over-quota workloads of other queues for a workload
 	// within quota that does not fit otherwise.
 	Reclaim bool
+	// MaxReclaimsPerCycle bounds the workloads one cycle tries to reclaim
+	// for (each try simulates the workload against the cluster without
+	// candidate victims); the others wait for a later cycle. 0 means the
+	// default, 16.
+	MaxReclaimsPerCycle int
 	// Features are the allocator features of the cluster's scheduler.
 	Features structured.Features
 }
 
 // DefaultConfig is what the controller runs with unless told otherwise.
 func DefaultConfig() Config {
-	return Config{Reclaim: true, Features: allocation.SchedulerFeatures}
+	return Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}
 }
 
 // Snapshot is the state of the API one cycle decides on. Objects are read,
@@ -196,6 +201,8 @@ type cycle struct {
 	// held is set once a workload within quota waits for capacity that
 	// reclaim frees: over-quota work is then not admitted this cycle.
 	held string
+	// reclaims counts reclaim tries this cycle.
+	reclaims int
 }
 
 type estimate struct {
@@ -601,7 +608,12 @@ func (c *cycle) decide(w *Workload, d queue.Vector, pass int) (bool, error) {
 		c.verdict(&Verdict{Workload: w, Reason: ReasonDoesNotFit, Message: fmt.Sprintf("%s; over quota and no idle capacity fits it (%s)", over.Message(leaf), msg)})
 		return false, nil
 	}
-	if c.e.cfg.Reclaim {
+	budget := c.e.cfg.MaxReclaimsPerCycle
+	if budget <= 0 {
+		budget = 16
+	}
+	if c.e.cfg.Reclaim && c.reclaims < budget {
+		c.reclaims++
 		handled, err := c.reclaim(w, msg)
 		if err != nil || handled {
 			return false, err

@@ -107,7 +107,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if err != nil {
 		return nil, fmt.Errorf("manager: %w", err)
 	}
-	cfgEngine := admission.Config{Reclaim: o.Reclaim, Features: allocation.SchedulerFeatures}
+	cfgEngine := admission.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: allocation.SchedulerFeatures}
 	admitter := &Admitter{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetCache(),

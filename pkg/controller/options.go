@@ -54,6 +54,7 @@ type Options struct {
 	WebhookCertDir          string
 	WebhookCASecret         string
 	Reclaim                 bool
+	MaxReclaimsPerCycle     int
 	PinNodes                string
 	CycleInterval           time.Duration
 	ResyncPeriod            time.Duration
@@ -97,6 +98,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "", "For --webhook-config=none: directory with tls.crt and tls.key (e.g. issued by cert-manager).")
 	fs.StringVar(&o.WebhookCASecret, "webhook-ca-secret", "tessera-controller-webhook-ca", "Secret (in --namespace) holding the self-signed webhook CA shared by all replicas.")
 	fs.BoolVar(&o.Reclaim, "reclaim", true, "Evict over-quota workloads of other queues (never below their quota) for a workload within its queue's quota that does not fit otherwise.")
+	fs.IntVar(&o.MaxReclaimsPerCycle, "max-reclaims-per-cycle", 16, "Workloads one admission cycle tries to reclaim for; the others wait for the next cycle.")
 	fs.StringVar(&o.PinNodes, "pin-nodes", PinGangs, "Which admitted pods get a node selector for the node the admission simulation placed them on: gangs (members of a gang start where they were found to fit together), all, none.")
 	fs.DurationVar(&o.CycleInterval, "cycle-interval", 500*time.Millisecond, "Minimum time between admission cycles; changes in between are decided together.")
 	fs.DurationVar(&o.ResyncPeriod, "resync-period", 30*time.Second, "Run an admission cycle at least this often.")
