@@ -67,10 +67,14 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 	a.last = time.Now()
 	a.mu.Unlock()
 	start := time.Now()
-	a.apply(ctx, snap, d)
+	more := a.apply(ctx, snap, d)
 	logger.V(2).Info("Admission cycle", "workloads", d.Stats.Workloads, "pending", d.Stats.Pending, "admitted", d.Stats.Admitted,
 		"waiting", d.Stats.Waiting, "invalid", d.Stats.Invalid, "evicted", d.Stats.Evicted, "decide", d.Stats.Duration, "apply", time.Since(start))
 	a.Metrics.observe(d, time.Since(start))
+	if more {
+		// Reasons left to write: come back soon.
+		return reconcile.Result{RequeueAfter: max(a.Opts.CycleInterval, time.Second)}, nil
+	}
 	return reconcile.Result{RequeueAfter: a.Opts.ResyncPeriod}, nil
 }
 
@@ -121,8 +125,9 @@ func (a *Admitter) snapshot(ctx context.Context) (*admission.Snapshot, error) {
 // apply carries out a decision: admissions first (all members of a
 // workload ungated back to back, workloads in decision order, so that the
 // scheduler sees them in that order), then evictions, then the reasons on
-// waiting pods and the queue status.
-func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admission.Decision) {
+// waiting pods and the queue status. It returns true when reasons are left
+// for a later cycle.
+func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admission.Decision) bool {
 	logger := klog.FromContext(ctx)
 	hostnames := map[string]string{}
 	for _, n := range snap.Nodes {
@@ -178,6 +183,11 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 			jobs = append(jobs, job{p, v})
 		}
 	}
+	more := false
+	if limit := a.Opts.MaxReasonUpdates; limit > 0 && len(jobs) > limit {
+		logger.V(3).Info("Explaining waiting pods over several cycles", "now", limit, "later", len(jobs)-limit)
+		jobs, more = jobs[:limit], true
+	}
 	a.parallel(len(jobs), func(i int) {
 		j := jobs[i]
 		a.setCondition(ctx, j.p, corev1.ConditionFalse, j.v.Reason, j.v.Message, now)
@@ -188,6 +198,7 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 		a.Recorder.Eventf(j.p, nil, typ, j.v.Reason, "Queue", j.v.Message)
 	})
 	a.updateQueues(ctx, snap, d)
+	return more
 }
 
 func (a *Admitter) parallel(n int, f func(i int)) {

@@ -152,6 +152,7 @@ func startEnv(t *testing.T) *env {
 		CycleInterval:           50 * time.Millisecond,
 		ResyncPeriod:            2 * time.Second,
 		ApplyWorkers:            8,
+		MaxReasonUpdates:        256,
 	}
 	ctrl.SetLogger(klog.FromContext(ctx))
 	return e

@@ -61,6 +61,7 @@ type Options struct {
 	KubeAPIQPS              float32
 	KubeAPIBurst            int
 	ApplyWorkers            int
+	MaxReasonUpdates        int
 	LeaderElectionLease     time.Duration
 	LeaderElectionRenewTime time.Duration
 	// Registry receives the controller's metrics; nil means
@@ -104,6 +105,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ResyncPeriod, "resync-period", 30*time.Second, "Run an admission cycle at least this often.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 50, "Queries per second to the API server.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 100, "Burst of queries to the API server.")
+	fs.IntVar(&o.MaxReasonUpdates, "max-reason-updates-per-cycle", 256, "Waiting pods whose condition and event are updated per cycle (the rest in later cycles), so that explaining a long queue never holds up admissions.")
 	fs.IntVar(&o.ApplyWorkers, "apply-workers", 16, "Parallel API calls when applying a cycle's decisions (ungating a gang's members, pod conditions).")
 }
 
