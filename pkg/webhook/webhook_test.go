@@ -1,0 +1,132 @@
+package webhook_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/webhook"
+)
+
+func scheme(t *testing.T) *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func request(t *testing.T, op admissionv1.Operation, name string, obj any) admission.Request {
+	t.Helper()
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: op, Name: name, Object: runtime.RawExtension{Raw: raw}}}
+}
+
+func TestPodGater(t *testing.T) {
+	g := &webhook.PodGater{Decoder: webhook.NewDecoder(scheme(t))}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		pod       *corev1.Pod
+		wantPatch bool
+	}{
+		{"labelled pod is gated", admissiontest.Pod("ns", "p", admissiontest.PodOptions{Queue: "team-a"}), true},
+		{"unlabelled pod is not touched", admissiontest.Pod("ns", "p", admissiontest.PodOptions{}), false},
+		{"already gated", admissiontest.Pod("ns", "p", admissiontest.PodOptions{Queue: "team-a", Gated: true}), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := g.Handle(ctx, request(t, admissionv1.Create, "p", tc.pod))
+			if !resp.Allowed {
+				t.Fatalf("denied: %v", resp.Result)
+			}
+			if got := len(resp.Patches) > 0; got != tc.wantPatch {
+				t.Fatalf("patches %v, want a patch: %v", resp.Patches, tc.wantPatch)
+			}
+			if tc.wantPatch {
+				data, _ := json.Marshal(resp.Patches)
+				if !strings.Contains(string(data), v1alpha1.AdmissionGate) {
+					t.Errorf("patch does not add the gate: %s", data)
+				}
+			}
+		})
+	}
+	bound := admissiontest.Pod("ns", "p", admissiontest.PodOptions{Queue: "team-a"})
+	bound.Spec.NodeName = "n1"
+	if resp := g.Handle(ctx, request(t, admissionv1.Create, "p", bound)); !resp.Allowed || len(resp.Patches) > 0 || len(resp.Warnings) == 0 {
+		t.Errorf("a pod bound at creation cannot be gated: want allowed, unpatched, with a warning; got %+v", resp)
+	}
+}
+
+func TestQueueValidator(t *testing.T) {
+	s := scheme(t)
+	existing := []*v1alpha1.Queue{admissiontest.Queue("org", "", "", ""), admissiontest.Queue("team-a", "org", "16Gi", "")}
+	b := fake.NewClientBuilder().WithScheme(s)
+	for _, q := range existing {
+		b = b.WithObjects(q)
+	}
+	v := &webhook.QueueValidator{Decoder: webhook.NewDecoder(s), Reader: b.Build()}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		op   admissionv1.Operation
+		q    *v1alpha1.Queue
+		want string // "" = allowed
+	}{
+		{"valid", admissionv1.Create, admissiontest.Queue("team-b", "org", "8Gi", "16Gi"), ""},
+		{"unknown parent", admissionv1.Create, admissiontest.Queue("team-b", "nope", "", ""), `queue "nope" does not exist`},
+		{"quota above limit", admissionv1.Create, admissiontest.Queue("team-b", "org", "32Gi", "16Gi"), "quota 32Gi is above limit 16Gi"},
+		{"cycle", admissionv1.Update, admissiontest.Queue("org", "team-a", "", ""), "would make a cycle (org -> team-a -> org)"},
+		{"delete a parent", admissionv1.Delete, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "org"}}, "queue org is the parent of team-a"},
+		{"delete a leaf", admissionv1.Delete, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := request(t, tc.op, tc.q.Name, tc.q)
+			if tc.op == admissionv1.Delete {
+				req.Object = runtime.RawExtension{}
+			}
+			resp := v.Handle(ctx, req)
+			msg := ""
+			if resp.Result != nil {
+				msg = resp.Result.Message
+			}
+			if (tc.want == "") != resp.Allowed || !strings.Contains(msg, tc.want) {
+				t.Errorf("allowed=%v %q, want %q", resp.Allowed, msg, tc.want)
+			}
+		})
+	}
+}
+
+func TestServingCert(t *testing.T) {
+	s := scheme(t)
+	c := fake.NewClientBuilder().WithScheme(s).Build()
+	ctx := context.Background()
+	ca, err := webhook.EnsureCA(ctx, c, "kube-system", "ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := webhook.EnsureCA(ctx, c, "kube-system", "ca")
+	if err != nil || string(again.CertPEM) != string(ca.CertPEM) {
+		t.Fatalf("a second replica got another CA: %v", err)
+	}
+	cert, err := ca.ServingCert([]string{"127.0.0.1", "svc.ns.svc"})
+	if err != nil || len(cert.Certificate) != 1 {
+		t.Fatalf("serving cert: %v", err)
+	}
+}
