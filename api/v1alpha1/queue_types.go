@@ -36,6 +36,9 @@ const (
 	// NodeAnnotation records the node the admission simulation placed the
 	// pod's claims on; a restarted controller places them there again.
 	NodeAnnotation = "tessera.dev/simulated-node"
+	// AdmittedAtAnnotation records when the pod was admitted (RFC 3339);
+	// reclaim takes the most recently admitted first.
+	AdmittedAtAnnotation = "tessera.dev/admitted-at"
 )
 
 // ResourceList is an amount per accounted resource.

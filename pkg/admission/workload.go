@@ -81,8 +81,14 @@ func terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// admittedAt reads the admission time from the pod's condition.
+// admittedAt reads the admission time from the pod's annotation or
+// condition, else its creation.
 func admittedAt(p *corev1.Pod) time.Time {
+	if v := p.Annotations[v1alpha1.AdmittedAtAnnotation]; v != "" {
+		if t, err := time.Parse(time.RFC3339, v); err == nil {
+			return t
+		}
+	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == v1alpha1.AdmissionCondition && c.Status == corev1.ConditionTrue {
 			return c.LastTransitionTime.Time

@@ -134,13 +134,15 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 		hostnames[n.Name] = n.Labels[hostnameLabel]
 	}
 	now := metav1.Now()
+	// Gates first, all workloads, so that nothing else delays the
+	// scheduler; conditions and events after.
 	for _, ad := range d.Admit {
 		pin := a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && ad.Workload.Gang)
 		var failed []*corev1.Pod
 		var mu sync.Mutex
 		a.parallel(len(ad.Pods), func(i int) {
 			p := ad.Pods[i]
-			if err := a.ungate(ctx, p, ad.Nodes[p.UID], pin, hostnames); err != nil {
+			if err := a.ungate(ctx, p, ad.Nodes[p.UID], pin, hostnames, now); err != nil {
 				logger.Error(err, "Ungating an admitted pod failed; it is decided again next cycle", "pod", klog.KObj(p), "workload", ad.Workload.Key)
 				mu.Lock()
 				failed = append(failed, p)
@@ -148,13 +150,22 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 			}
 		})
 		a.Engine.Forget(failed...)
-		a.parallel(len(ad.Pods), func(i int) {
-			p := ad.Pods[i]
-			a.setCondition(ctx, p, corev1.ConditionTrue, admission.ReasonAdmitted, ad.Message, now)
-			a.Recorder.Eventf(p, nil, corev1.EventTypeNormal, admission.ReasonAdmitted, "Admit", ad.Message)
-		})
 		logger.V(3).Info("Admitted", "workload", ad.Workload.Key, "queue", ad.Workload.QueueName, "pods", len(ad.Pods), "charge", ad.Charge.String())
 	}
+	type admitted struct {
+		p   *corev1.Pod
+		msg string
+	}
+	var done []admitted
+	for _, ad := range d.Admit {
+		for _, p := range ad.Pods {
+			done = append(done, admitted{p, ad.Message})
+		}
+	}
+	a.parallel(len(done), func(i int) {
+		a.setCondition(ctx, done[i].p, corev1.ConditionTrue, admission.ReasonAdmitted, done[i].msg, now)
+		a.Recorder.Eventf(done[i].p, nil, corev1.EventTypeNormal, admission.ReasonAdmitted, "Admit", done[i].msg)
+	})
 	for _, ev := range d.Evict {
 		logger.Info("Evicting to reclaim", "workload", ev.Workload.Key, "queue", ev.Workload.QueueName, "reason", ev.Message)
 		a.parallel(len(ev.Pods), func(i int) {
@@ -226,10 +237,11 @@ func (a *Admitter) parallel(n int, f func(i int)) {
 
 // ungate removes the admission gate (and only it), records the simulated
 // node and, when pinning, selects that node.
-func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin bool, hostnames map[string]string) error {
+func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin bool, hostnames map[string]string, now metav1.Time) error {
 	// metadata.uid makes the patch fail on a pod recreated under the same
 	// name since the snapshot (the UID is immutable).
-	md := map[string]any{"uid": string(p.UID)}
+	annotations := map[string]string{v1alpha1.AdmittedAtAnnotation: now.UTC().Format(time.RFC3339)}
+	md := map[string]any{"uid": string(p.UID), "annotations": annotations}
 	patch := map[string]any{
 		"metadata": md,
 		"spec": map[string]any{
@@ -237,7 +249,7 @@ func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin b
 		},
 	}
 	if node != "" {
-		md["annotations"] = map[string]string{v1alpha1.NodeAnnotation: node}
+		annotations[v1alpha1.NodeAnnotation] = node
 		if h := hostnames[node]; pin && h != "" {
 			if cur, ok := p.Spec.NodeSelector[hostnameLabel]; !ok || cur == h {
 				patch["spec"].(map[string]any)["nodeSelector"] = map[string]string{hostnameLabel: h}
