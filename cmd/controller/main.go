@@ -37,6 +37,7 @@ func main() {
 		}
 		os.Exit(2)
 	}
+	opts.Complete(fs.Changed)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := klog.Background()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -172,8 +173,15 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 			p := ev.Pods[i]
 			a.setCondition(ctx, p, corev1.ConditionFalse, admission.ReasonReclaimed, ev.Message, now)
 			a.Recorder.Eventf(p, nil, corev1.EventTypeWarning, admission.ReasonReclaimed, "Evict", ev.Message)
+			// The Eviction API: PodDisruptionBudgets are honoured; a refused
+			// eviction is tried again by a later cycle's reclaim.
 			uid := p.UID
-			if err := a.Client.Delete(ctx, p, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+			ev := &policyv1.Eviction{
+				ObjectMeta:    metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name},
+				DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
+			}
+			target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+			if err := a.Client.SubResource("eviction").Create(ctx, target, ev); err != nil && !apierrors.IsNotFound(err) {
 				logger.Error(err, "Evicting a pod failed", "pod", klog.KObj(p))
 			}
 		})

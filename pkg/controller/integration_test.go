@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -33,6 +34,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/controller"
+	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
 // assets finds kube-apiserver, etcd and kubectl without downloading them:
@@ -146,7 +148,7 @@ func startEnv(t *testing.T) *env {
 		WebhookHost:             "127.0.0.1",
 		WebhookPort:             freePort(t),
 		WebhookConfig:           controller.WebhookURL,
-		WebhookCASecret:         "tessera-controller-webhook-ca",
+		WebhookCertSecret:       "tessera-controller-webhook-tls",
 		Reclaim:                 true,
 		PinNodes:                controller.PinGangs,
 		CycleInterval:           50 * time.Millisecond,
@@ -648,4 +650,66 @@ func (e *env) table(name string) *metav1.Table {
 		e.t.Fatalf("table has %d rows", len(tbl.Rows))
 	}
 	return &tbl
+}
+
+// TestControllerChartMode runs the controller the way the Helm chart does:
+// the chart makes the webhook configurations (no caBundle) and an empty
+// Secret; the controller fills the Secret with its CA and sets the
+// configurations' caBundle, and nothing else.
+func TestControllerChartMode(t *testing.T) {
+	e := startEnv(t)
+	port := freePort(t)
+	base := fmt.Sprintf("https://127.0.0.1:%d", port)
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	e.create(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "tessera-webhook-tls"}})
+	e.create(&admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "tessera-pod-admission"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name:                    "pods.admission.tessera.dev",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To(base + webhook.PodsPath)},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
+			ObjectSelector:          &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: v1alpha1.QueueLabel, Operator: metav1.LabelSelectorOpExists}}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	})
+	e.create(&admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "tessera-queue-validation"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "queues.validation.tessera.dev",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To(base + webhook.QueuesPath)},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}, Rule: admissionregistrationv1.Rule{APIGroups: []string{"tessera.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"queues"}}}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	})
+	e.opts.WebhookPort = port
+	e.opts.WebhookConfig = controller.WebhookAuto
+	e.opts.WebhookCertSecret = "tessera-webhook-tls"
+	e.opts.WebhookCertHosts = []string{"127.0.0.1"}
+	e.opts.MutatingConfiguration = "tessera-pod-admission"
+	e.opts.ValidatingConfiguration = "tessera-queue-validation"
+	e.opts.Complete(func(f string) bool { return f == "webhook-host" })
+	if e.opts.WebhookConfig != controller.WebhookPatch {
+		t.Fatalf("auto mode with configuration names resolved to %s", e.opts.WebhookConfig)
+	}
+	e.startController()
+	defer e.stopController()
+	var s corev1.Secret
+	if err := e.c.Get(e.ctx, client.ObjectKey{Namespace: "kube-system", Name: "tessera-webhook-tls"}, &s); err != nil || len(s.Data["ca.crt"]) == 0 {
+		t.Fatalf("secret not filled: %v", err)
+	}
+	var m admissionregistrationv1.MutatingWebhookConfiguration
+	if err := e.c.Get(e.ctx, client.ObjectKey{Name: "tessera-pod-admission"}, &m); err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Webhooks[0].ClientConfig.CABundle) != string(s.Data["ca.crt"]) || *m.Webhooks[0].ClientConfig.URL != base+webhook.PodsPath {
+		t.Errorf("mutating configuration: caBundle not the Secret's CA, or more than the caBundle changed: %+v", m.Webhooks[0].ClientConfig)
+	}
+	e.create(admissiontest.Queue("q", "", "", ""))
+	e.create(asNew(admissiontest.Pod("default", "p", admissiontest.PodOptions{Queue: "q"})))
+	e.waitAdmitted("p")
 }

@@ -171,16 +171,18 @@ func webhookServer(ctx context.Context, c client.Client, o Options) (ctrlwebhook
 		opts.CertDir = o.WebhookCertDir
 		return ctrlwebhook.NewServer(opts), nil, nil
 	}
-	ca, err := webhook.EnsureCA(ctx, c, o.Namespace, o.WebhookCASecret)
+	ca, err := webhook.EnsureCA(ctx, c, o.Namespace, o.WebhookCertSecret)
 	if err != nil {
 		return nil, nil, fmt.Errorf("webhook CA: %w (does namespace %s exist? set --namespace)", err, o.Namespace)
 	}
-	hosts := []string{"127.0.0.1", "::1", "localhost"}
+	hosts := append([]string{"127.0.0.1", "::1", "localhost"}, o.WebhookCertHosts...)
 	if o.WebhookHost != "" && o.WebhookHost != "0.0.0.0" && o.WebhookHost != "::" {
 		hosts = append(hosts, o.WebhookHost)
 	}
 	target := &webhook.Target{CABundle: ca.CertPEM}
 	switch o.WebhookConfig {
+	case WebhookPatch:
+		target.Mutating, target.Validating = o.MutatingConfiguration, o.ValidatingConfiguration
 	case WebhookService:
 		ns, name, port, _ := parseService(o.WebhookService)
 		hosts = append(hosts, name+"."+ns+".svc", name+"."+ns+".svc.cluster.local")
@@ -232,9 +234,15 @@ func (c *configurer) Start(ctx context.Context) error {
 		}
 	}
 	for {
-		err := webhook.EnsureConfigurations(ctx, c.client, c.target)
+		var err error
+		if c.target.Mutating != "" || c.target.Validating != "" {
+			err = webhook.PatchCABundle(ctx, c.client, c.target.Mutating, c.target.Validating, c.target.CABundle)
+		} else {
+			err = webhook.EnsureConfigurations(ctx, c.client, c.target)
+		}
 		if err == nil {
-			logger.Info("Webhook configurations point at this controller", "url", c.target.BaseURL, "service", c.target.Service)
+			logger.Info("Webhook configurations point at this controller", "url", c.target.BaseURL, "service", c.target.Service,
+				"mutating", c.target.Mutating, "validating", c.target.Validating)
 			return nil
 		}
 		logger.Error(err, "Writing the webhook configurations failed; retrying")

@@ -17,6 +17,14 @@ import (
 
 // Webhook configuration modes.
 const (
+	// WebhookAuto picks: patch when configuration names are given (the
+	// Helm chart's self-signed mode), none when only --webhook-cert-dir is
+	// (cert-manager), url otherwise (a host process).
+	WebhookAuto = "auto"
+	// WebhookPatch: the installer made the configurations (named by
+	// --mutating-webhook-configuration and --validating-webhook-configuration);
+	// the controller only sets their caBundle to its CA.
+	WebhookPatch = "patch"
 	// WebhookURL: the controller writes webhook configurations with a URL
 	// (https://<webhook-host>:<webhook-port>) and its CA; for a controller
 	// running as a host process next to the API server.
@@ -52,7 +60,10 @@ type Options struct {
 	WebhookService          string
 	WebhookURL              string
 	WebhookCertDir          string
-	WebhookCASecret         string
+	WebhookCertSecret       string
+	WebhookCertHosts        []string
+	MutatingConfiguration   string
+	ValidatingConfiguration string
 	Reclaim                 bool
 	MaxReclaimsPerCycle     int
 	PinNodes                string
@@ -91,13 +102,16 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.LeaderElectionRenewTime, "leader-election-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew before it gives up leadership.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "127.0.0.1:8380", "Address of the Prometheus metrics endpoint; 0 disables it.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", "127.0.0.1:8381", "Address of /healthz and /readyz; 0 disables them.")
-	fs.StringVar(&o.WebhookHost, "webhook-host", "127.0.0.1", "Address the webhook server listens on; in --webhook-config=url mode also the host in the URL the API server calls.")
-	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Port of the webhook server.")
-	fs.StringVar(&o.WebhookConfig, "webhook-config", WebhookURL, "How the API server reaches the webhooks: url (the controller writes configurations with https://<webhook-host>:<webhook-port> and its CA), service (configurations name --webhook-service, CA patched in), none (serve the certificate in --webhook-cert-dir, leave configurations alone).")
+	fs.StringVar(&o.WebhookHost, "webhook-host", "127.0.0.1", "Address the webhook server listens on (empty: all addresses); in --webhook-config=url mode also the host in the URL the API server calls. Unset, it is 127.0.0.1 in url mode and all addresses otherwise.")
+	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Port of the webhook server; 0 serves no webhooks.")
+	fs.StringVar(&o.WebhookConfig, "webhook-config", WebhookAuto, "How the API server reaches the webhooks: url (the controller writes configurations with https://<webhook-host>:<webhook-port> and its CA), service (it writes configurations naming --webhook-service), patch (an installer made the configurations named by --mutating-webhook-configuration and --validating-webhook-configuration; the controller sets their caBundle), none (serve the certificate in --webhook-cert-dir, leave configurations alone), auto (patch if configuration names are given, none if only --webhook-cert-dir is, else url).")
 	fs.StringVar(&o.WebhookService, "webhook-service", "", "For --webhook-config=service: <namespace>/<name>[:<port>] of the Service in front of the webhook server.")
 	fs.StringVar(&o.WebhookURL, "webhook-url", "", "For --webhook-config=url: base URL the API server calls, if not https://<webhook-host>:<webhook-port>.")
-	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "", "For --webhook-config=none: directory with tls.crt and tls.key (e.g. issued by cert-manager).")
-	fs.StringVar(&o.WebhookCASecret, "webhook-ca-secret", "tessera-controller-webhook-ca", "Secret (in --namespace) holding the self-signed webhook CA shared by all replicas.")
+	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "", "Directory with tls.crt and tls.key to serve (cert-manager); used by --webhook-config=none.")
+	fs.StringVar(&o.WebhookCertSecret, "webhook-cert-secret", "tessera-controller-webhook-tls", "Secret (in --namespace) holding the self-signed webhook CA, shared by all replicas; created, or filled when an installer created it empty.")
+	fs.StringSliceVar(&o.WebhookCertHosts, "webhook-cert-hosts", nil, "Extra host names or IP addresses the serving certificate covers (the Service's DNS names, the URL's host); 127.0.0.1, localhost and the webhook host are always covered.")
+	fs.StringVar(&o.MutatingConfiguration, "mutating-webhook-configuration", "", "MutatingWebhookConfiguration made by the installer whose caBundle the controller sets (--webhook-config=patch).")
+	fs.StringVar(&o.ValidatingConfiguration, "validating-webhook-configuration", "", "ValidatingWebhookConfiguration made by the installer whose caBundle the controller sets (--webhook-config=patch).")
 	fs.BoolVar(&o.Reclaim, "reclaim", true, "Evict over-quota workloads of other queues (never below their quota) for a workload within its queue's quota that does not fit otherwise.")
 	fs.IntVar(&o.MaxReclaimsPerCycle, "max-reclaims-per-cycle", 16, "Workloads one admission cycle tries to reclaim for; the others wait for the next cycle.")
 	fs.StringVar(&o.PinNodes, "pin-nodes", PinGangs, "Which admitted pods get a node selector for the node the admission simulation placed them on: gangs (members of a gang start where they were found to fit together), all, none.")
@@ -109,16 +123,40 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.ApplyWorkers, "apply-workers", 16, "Parallel API calls when applying a cycle's decisions (ungating a gang's members, pod conditions).")
 }
 
+// Complete resolves defaults that depend on other flags; changed says
+// whether a flag was given on the command line.
+func (o *Options) Complete(changed func(flag string) bool) {
+	if o.WebhookConfig == WebhookAuto {
+		switch {
+		case o.MutatingConfiguration != "" || o.ValidatingConfiguration != "":
+			o.WebhookConfig = WebhookPatch
+		case o.WebhookCertDir != "" && !changed("webhook-cert-secret"):
+			o.WebhookConfig = WebhookNone
+		default:
+			o.WebhookConfig = WebhookURL
+		}
+	}
+	if !changed("webhook-host") && o.WebhookConfig != WebhookURL {
+		o.WebhookHost = "" // reached through a Service: listen everywhere
+	}
+}
+
 // Validate checks the options; messages name the flag to fix.
 func (o *Options) Validate() error {
 	switch o.WebhookConfig {
 	case WebhookURL, WebhookNone:
+	case WebhookAuto:
+		o.Complete(func(string) bool { return true })
+	case WebhookPatch:
+		if o.MutatingConfiguration == "" && o.ValidatingConfiguration == "" {
+			return fmt.Errorf("--webhook-config=patch needs --mutating-webhook-configuration or --validating-webhook-configuration")
+		}
 	case WebhookService:
 		if _, _, _, err := parseService(o.WebhookService); err != nil {
 			return err
 		}
 	default:
-		return fmt.Errorf("--webhook-config=%q is not valid: use url, service or none", o.WebhookConfig)
+		return fmt.Errorf("--webhook-config=%q is not valid: use auto, url, service, patch or none", o.WebhookConfig)
 	}
 	if o.WebhookConfig == WebhookNone && o.WebhookPort > 0 && o.WebhookCertDir == "" {
 		return fmt.Errorf("--webhook-config=none needs --webhook-cert-dir with tls.crt and tls.key")

@@ -33,18 +33,44 @@ type CA struct {
 	key     *ecdsa.PrivateKey
 }
 
-// EnsureCA reads the CA from the Secret, creating both when missing. All
-// replicas share it, so the caBundle in the webhook configurations is the
-// same whoever writes it, and it survives restarts.
+// EnsureCA reads the CA from the Secret, creating it (or filling a Secret
+// an installer created empty) when missing. All replicas share it, so the
+// caBundle in the webhook configurations is the same whoever writes it,
+// and it survives restarts.
 func EnsureCA(ctx context.Context, c client.Client, namespace, name string) (*CA, error) {
 	var s corev1.Secret
 	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s)
+	if err == nil && len(s.Data[caCertKey]) == 0 {
+		// Created empty (the Helm chart does): fill it. A conflict means
+		// another replica filled it first; use its CA.
+		ca, err := newCA()
+		if err != nil {
+			return nil, err
+		}
+		if s.Data == nil {
+			s.Data = map[string][]byte{}
+		}
+		keyPEM, err := ca.keyPEM()
+		if err != nil {
+			return nil, err
+		}
+		s.Data[caCertKey], s.Data[caKeyKey] = ca.CertPEM, keyPEM
+		if err := c.Update(ctx, &s); err == nil {
+			return ca, nil
+		} else if !apierrors.IsConflict(err) {
+			return nil, fmt.Errorf("filling webhook CA secret %s/%s: %w", namespace, name, err)
+		}
+		err = c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s)
+		if err != nil {
+			return nil, fmt.Errorf("reading webhook CA secret %s/%s: %w", namespace, name, err)
+		}
+	}
 	if apierrors.IsNotFound(err) {
 		ca, err := newCA()
 		if err != nil {
 			return nil, err
 		}
-		keyDER, err := x509.MarshalECPrivateKey(ca.key)
+		keyPEM, err := ca.keyPEM()
 		if err != nil {
 			return nil, err
 		}
@@ -53,7 +79,7 @@ func EnsureCA(ctx context.Context, c client.Client, namespace, name string) (*CA
 			Type:       corev1.SecretTypeOpaque,
 			Data: map[string][]byte{
 				caCertKey: ca.CertPEM,
-				caKeyKey:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+				caKeyKey:  keyPEM,
 			},
 		}
 		err = c.Create(ctx, &s)
@@ -70,6 +96,14 @@ func EnsureCA(ctx context.Context, c client.Client, namespace, name string) (*CA
 		return nil, fmt.Errorf("reading webhook CA secret %s/%s: %w", namespace, name, err)
 	}
 	return parseCA(s.Data[caCertKey], s.Data[caKeyKey])
+}
+
+func (ca *CA) keyPEM() ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(ca.key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
 }
 
 func newCA() (*CA, error) {

@@ -17,10 +17,14 @@ import (
 const ConfigurationName = "tessera-controller"
 
 // Target says how the API server reaches the webhook server: by URL
-// (BaseURL, e.g. https://127.0.0.1:9443) or by Service.
+// (BaseURL, e.g. https://127.0.0.1:9443) or by Service, in configurations
+// the controller writes; or through configurations an installer made
+// (Mutating, Validating), of which only the caBundle is set.
 type Target struct {
-	BaseURL string
-	Service *admissionregistrationv1.ServiceReference
+	BaseURL    string
+	Service    *admissionregistrationv1.ServiceReference
+	Mutating   string
+	Validating string
 	// CABundle verifies the serving certificate.
 	CABundle []byte
 }
@@ -89,6 +93,47 @@ func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error 
 		return nil
 	}); err != nil {
 		return fmt.Errorf("validating webhook configuration %s: %w", ConfigurationName, err)
+	}
+	return nil
+}
+
+// PatchCABundle sets the caBundle of every webhook in the named
+// configurations (made by an installer, e.g. the Helm chart) and changes
+// nothing else. An empty name is skipped.
+func PatchCABundle(ctx context.Context, c client.Client, mutating, validating string, ca []byte) error {
+	if mutating != "" {
+		var m admissionregistrationv1.MutatingWebhookConfiguration
+		if err := c.Get(ctx, client.ObjectKey{Name: mutating}, &m); err != nil {
+			return fmt.Errorf("mutating webhook configuration %s: %w", mutating, err)
+		}
+		changed := false
+		for i := range m.Webhooks {
+			if string(m.Webhooks[i].ClientConfig.CABundle) != string(ca) {
+				m.Webhooks[i].ClientConfig.CABundle, changed = ca, true
+			}
+		}
+		if changed {
+			if err := c.Update(ctx, &m); err != nil {
+				return fmt.Errorf("mutating webhook configuration %s: %w", mutating, err)
+			}
+		}
+	}
+	if validating != "" {
+		var v admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := c.Get(ctx, client.ObjectKey{Name: validating}, &v); err != nil {
+			return fmt.Errorf("validating webhook configuration %s: %w", validating, err)
+		}
+		changed := false
+		for i := range v.Webhooks {
+			if string(v.Webhooks[i].ClientConfig.CABundle) != string(ca) {
+				v.Webhooks[i].ClientConfig.CABundle, changed = ca, true
+			}
+		}
+		if changed {
+			if err := c.Update(ctx, &v); err != nil {
+				return fmt.Errorf("validating webhook configuration %s: %w", validating, err)
+			}
+		}
 	}
 	return nil
 }

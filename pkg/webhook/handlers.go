@@ -27,10 +27,11 @@ import (
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
 
-// Paths the handlers are served at.
+// Paths the handlers are served at (kubebuilder's convention; the Helm
+// chart's webhook configurations name them).
 const (
-	PodsPath   = "/mutate-pods"
-	QueuesPath = "/validate-queues"
+	PodsPath   = "/mutate--v1-pod"
+	QueuesPath = "/validate-tessera-dev-v1alpha1-queue"
 )
 
 // PodGater adds the admission scheduling gate to pods created with the
