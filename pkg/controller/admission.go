@@ -42,7 +42,20 @@ type Admitter struct {
 
 	mu   sync.Mutex
 	last time.Time
+	// ungated and evicted remember what this process did until the cache
+	// shows it, so that a lagging cache never makes a cycle admit into
+	// devices an earlier cycle handed out, or evict twice.
+	ungated map[types.UID]memo
+	evicted map[types.UID]memo
 }
+
+type memo struct {
+	at          time.Time
+	annotations map[string]string
+}
+
+// memoTTL bounds how long a write may take to show in the cache.
+const memoTTL = 2 * time.Minute
 
 // CycleRequest is the one key of the admission controller.
 var CycleRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "admission-cycle"}}
@@ -102,9 +115,44 @@ func (a *Admitter) snapshot(ctx context.Context) (*admission.Snapshot, error) {
 	for i := range queues.Items {
 		s.Queues = append(s.Queues, &queues.Items[i])
 	}
+	a.mu.Lock()
+	now := time.Now()
 	for i := range pods.Items {
-		s.Pods = append(s.Pods, &pods.Items[i])
+		p := &pods.Items[i]
+		if m, ok := a.ungated[p.UID]; ok {
+			if !admission.HasAdmissionGate(p) || now.Sub(m.at) > memoTTL {
+				delete(a.ungated, p.UID)
+			} else {
+				// Not in the cache yet: decide on what was written.
+				c := p.DeepCopy()
+				c.Spec.SchedulingGates = nil
+				for _, g := range p.Spec.SchedulingGates {
+					if g.Name != v1alpha1.AdmissionGate {
+						c.Spec.SchedulingGates = append(c.Spec.SchedulingGates, g)
+					}
+				}
+				if c.Annotations == nil {
+					c.Annotations = map[string]string{}
+				}
+				for k, v := range m.annotations {
+					c.Annotations[k] = v
+				}
+				p = c
+			}
+		}
+		if m, ok := a.evicted[p.UID]; ok {
+			if p.DeletionTimestamp != nil || now.Sub(m.at) > memoTTL {
+				delete(a.evicted, p.UID)
+			} else {
+				c := p.DeepCopy()
+				t := metav1.NewTime(m.at)
+				c.DeletionTimestamp = &t
+				p = c
+			}
+		}
+		s.Pods = append(s.Pods, p)
 	}
+	a.mu.Unlock()
 	for i := range claims.Items {
 		s.Claims = append(s.Claims, &claims.Items[i])
 	}
@@ -143,12 +191,15 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 		var mu sync.Mutex
 		a.parallel(len(ad.Pods), func(i int) {
 			p := ad.Pods[i]
-			if err := a.ungate(ctx, p, ad.Nodes[p.UID], pin, hostnames, now); err != nil {
+			annotations, err := a.ungate(ctx, p, ad.Nodes[p.UID], pin, hostnames, now)
+			if err != nil {
 				logger.Error(err, "Ungating an admitted pod failed; it is decided again next cycle", "pod", klog.KObj(p), "workload", ad.Workload.Key)
 				mu.Lock()
 				failed = append(failed, p)
 				mu.Unlock()
+				return
 			}
+			a.remember(&a.ungated, p.UID, annotations)
 		})
 		a.Engine.Forget(failed...)
 		logger.V(3).Info("Admitted", "workload", ad.Workload.Key, "queue", ad.Workload.QueueName, "pods", len(ad.Pods), "charge", ad.Charge.String())
@@ -181,9 +232,13 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 				DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
 			}
 			target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-			if err := a.Client.SubResource("eviction").Create(ctx, target, ev); err != nil && !apierrors.IsNotFound(err) {
-				logger.Error(err, "Evicting a pod failed", "pod", klog.KObj(p))
+			if err := a.Client.SubResource("eviction").Create(ctx, target, ev); err != nil {
+				if !apierrors.IsNotFound(err) {
+					logger.Error(err, "Evicting a pod failed", "pod", klog.KObj(p))
+				}
+				return
 			}
+			a.remember(&a.evicted, p.UID, nil)
 		})
 	}
 	type job struct {
@@ -245,7 +300,16 @@ func (a *Admitter) parallel(n int, f func(i int)) {
 
 // ungate removes the admission gate (and only it), records the simulated
 // node and, when pinning, selects that node.
-func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin bool, hostnames map[string]string, now metav1.Time) error {
+func (a *Admitter) remember(m *map[types.UID]memo, uid types.UID, annotations map[string]string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if *m == nil {
+		*m = map[types.UID]memo{}
+	}
+	(*m)[uid] = memo{at: time.Now(), annotations: annotations}
+}
+
+func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin bool, hostnames map[string]string, now metav1.Time) (map[string]string, error) {
 	// metadata.uid makes the patch fail on a pod recreated under the same
 	// name since the snapshot (the UID is immutable).
 	annotations := map[string]string{v1alpha1.AdmittedAtAnnotation: now.UTC().Format(time.RFC3339)}
@@ -266,10 +330,10 @@ func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin b
 	}
 	data, err := json.Marshal(patch)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-	return a.Client.Patch(ctx, target, client.RawPatch(types.StrategicMergePatchType, data))
+	return annotations, a.Client.Patch(ctx, target, client.RawPatch(types.StrategicMergePatchType, data))
 }
 
 func podCondition(p *corev1.Pod) *corev1.PodCondition {
