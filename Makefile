@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz vet fmt demo print-slices bench bench-smoke clean help
+.PHONY: all build test unit fuzz vet fmt generate verify-generated demo print-slices bench bench-smoke clean help
 
 all: build
 
@@ -19,7 +19,23 @@ build:
 	$(GO) build -o $(BIN)/controller ./cmd/controller
 
 ## test: vet, upstream binaries (cached), unit tests with -race, bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
-test: vet cluster-build unit fuzz bench-smoke helm-lint e2e
+test: vet verify-generated cluster-build unit fuzz bench-smoke helm-lint e2e
+
+## generate: regenerate the deep-copy code and the CRDs from api/ (controller-gen), and the chart's copy of the CRDs
+CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
+generate:
+	$(CONTROLLER_GEN) object paths=./api/...
+	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/... output:crd:dir=deployments/crds
+	$(MAKE) chart-crds
+
+## verify-generated: fail when api/ changed without `make generate`
+verify-generated:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(CONTROLLER_GEN) object paths=./api/... output:object:dir=$$tmp/object && \
+	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/... output:crd:dir=$$tmp/crds && \
+	diff -u $$tmp/object/zz_generated.deepcopy.go api/v1alpha1/zz_generated.deepcopy.go && \
+	diff -ru $$tmp/crds deployments/crds && diff -ru deployments/crds deployments/helm/tessera/crds \
+	|| { echo "generated files are stale: run 'make generate' and commit the result" >&2; exit 1; }
 
 ## vet: go vet and gofmt check
 vet:

@@ -17,6 +17,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/publish"
 )
@@ -332,7 +333,7 @@ func assertCreatable(t *testing.T, devices []string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var prof *discover.MIGProfile
+		var prof *inventory.MIGProfile
 		for i, p := range inv.GPUs[0].MIGProfiles {
 			if devicemodel.ProfileToken(p.Name) == n.ProfileToken {
 				prof = &inv.GPUs[0].MIGProfiles[i]

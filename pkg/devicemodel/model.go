@@ -25,7 +25,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 )
 
 // Attribute and capacity names (qualified by the driver name in CEL:
@@ -68,7 +68,7 @@ const (
 )
 
 // UsableMemory is the memory a GPU offers to claims: total minus reserve.
-func UsableMemory(gpu discover.GPU, reserved uint64) (uint64, error) {
+func UsableMemory(gpu inventory.GPU, reserved uint64) (uint64, error) {
 	if reserved >= gpu.MemoryBytes {
 		return 0, fmt.Errorf("--reserved-memory=%s is not smaller than GPU %d's memory (%s, %s): lower it",
 			quantity(reserved), gpu.Index, quantity(gpu.MemoryBytes), gpu.ProductName)
@@ -91,7 +91,7 @@ type gpuDevices struct {
 
 // Build returns the slices of the node's pool, split to respect the API
 // limits, devices ordered so that first fit packs.
-func Build(inv *discover.Inventory, cfg Config) ([]resourceslice.Slice, error) {
+func Build(inv *inventory.Inventory, cfg Config) ([]resourceslice.Slice, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -120,7 +120,7 @@ func Build(inv *discover.Inventory, cfg Config) ([]resourceslice.Slice, error) {
 	return split(perGPU), nil
 }
 
-func commonAttributes(inv *discover.Inventory, gpu discover.GPU, typ string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+func commonAttributes(inv *inventory.Inventory, gpu inventory.GPU, typ string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		AttrType:         {StringValue: ptr.To(typ)},
 		AttrUUID:         {StringValue: ptr.To(gpu.UUID)},
@@ -144,7 +144,7 @@ func commonAttributes(inv *discover.Inventory, gpu discover.GPU, typ string) map
 	return attrs
 }
 
-func fullGPUDevices(inv *discover.Inventory, gpu discover.GPU, cfg Config) (gpuDevices, error) {
+func fullGPUDevices(inv *inventory.Inventory, gpu inventory.GPU, cfg Config) (gpuDevices, error) {
 	usable, err := UsableMemory(gpu, cfg.ReservedMemory)
 	if err != nil {
 		return gpuDevices{}, err
@@ -222,7 +222,7 @@ func fullGPUDevices(inv *discover.Inventory, gpu discover.GPU, cfg Config) (gpuD
 	return out, nil
 }
 
-func migCapacity(p discover.MIGProfile) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+func migCapacity(p inventory.MIGProfile) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
 	q := func(n int) resourceapi.DeviceCapacity {
 		return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
 	}
@@ -237,7 +237,7 @@ func migCapacity(p discover.MIGProfile) map[resourceapi.QualifiedName]resourceap
 	}
 }
 
-func migAttributes(inv *discover.Inventory, gpu discover.GPU, profile string, start int, uuid string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+func migAttributes(inv *inventory.Inventory, gpu inventory.GPU, profile string, start int, uuid string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	attrs := commonAttributes(inv, gpu, TypeMIG)
 	attrs[AttrMIGProfile] = resourceapi.DeviceAttribute{StringValue: ptr.To(profile)}
 	attrs[AttrParentUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(gpu.UUID)}
@@ -250,7 +250,7 @@ func migAttributes(inv *discover.Inventory, gpu discover.GPU, profile string, st
 
 func memorySliceCounter(j int) string { return fmt.Sprintf("memory-slice-%d", j) }
 
-func profileInstancesCounter(p discover.MIGProfile) string {
+func profileInstancesCounter(p inventory.MIGProfile) string {
 	return "instances-" + ProfileToken(p.Name)
 }
 
@@ -258,7 +258,7 @@ func profileInstancesCounter(p discover.MIGProfile) string {
 // encode NVML's placement rules: a placement consumes the memory slices it
 // covers, its compute slices, its OFA engines, and one instance of its
 // profile where the profile allows fewer instances than it has placements.
-func dynamicMIGDevices(inv *discover.Inventory, gpu discover.GPU) (gpuDevices, error) {
+func dynamicMIGDevices(inv *inventory.Inventory, gpu inventory.GPU) (gpuDevices, error) {
 	set := CounterSetName(gpu.Index)
 	one := resource.MustParse("1")
 	counters := map[string]resourceapi.Counter{}
@@ -289,7 +289,7 @@ func dynamicMIGDevices(inv *discover.Inventory, gpu discover.GPU) (gpuDevices, e
 	// Larger profiles first; within a profile, the highest placement first,
 	// so that small instances fill the end of the GPU and leave the aligned
 	// low placements that large profiles need.
-	profiles := append([]discover.MIGProfile(nil), gpu.MIGProfiles...)
+	profiles := append([]inventory.MIGProfile(nil), gpu.MIGProfiles...)
 	sort.SliceStable(profiles, func(i, j int) bool { return profiles[i].MemoryBytes > profiles[j].MemoryBytes })
 	for _, p := range profiles {
 		for i := len(p.Placements) - 1; i >= 0; i-- {
@@ -318,10 +318,10 @@ func dynamicMIGDevices(inv *discover.Inventory, gpu discover.GPU) (gpuDevices, e
 }
 
 // staticMIGDevices publishes the MIG instances that exist.
-func staticMIGDevices(inv *discover.Inventory, gpu discover.GPU) gpuDevices {
+func staticMIGDevices(inv *inventory.Inventory, gpu inventory.GPU) gpuDevices {
 	var out gpuDevices
 	for _, inst := range gpu.MIGInstances {
-		var profile discover.MIGProfile
+		var profile inventory.MIGProfile
 		for _, p := range gpu.MIGProfiles {
 			if p.GIProfileID == inst.GIProfileID {
 				profile = p

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/publish"
 )
@@ -170,7 +171,7 @@ func TestShippedClassesSelectExactlyTheirType(t *testing.T) {
 }
 
 func TestConfigErrorsNameTheFlag(t *testing.T) {
-	inv := func() *discover.Inventory {
+	inv := func() *inventory.Inventory {
 		spec, _ := nvmlmock.ParseProfile("t4")
 		srv, _ := nvmlmock.New(nvmlmock.Options{Spec: spec})
 		inv, err := discover.Discover(context.Background(), srv)

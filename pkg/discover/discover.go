@@ -1,5 +1,5 @@
 // Package discover reads the node's GPUs through nvml.Interface into an
-// Inventory. The real library and the mock backend go through exactly this
+// inventory.Inventory. The real library and the mock backend go through exactly this
 // code; nothing above nvml.Interface knows which one it talks to.
 package discover
 
@@ -12,71 +12,9 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/pkg/inventory"
 )
-
-// Inventory is what the node has, as NVML reports it.
-type Inventory struct {
-	DriverVersion     string
-	CUDADriverVersion string
-	GPUs              []GPU
-}
-
-// GPU is one physical GPU.
-type GPU struct {
-	Index           int
-	Minor           int
-	UUID            string
-	ProductName     string
-	Brand           string
-	Architecture    string
-	CUDAComputeCap  string
-	PCIBusID        string
-	MemoryBytes     uint64
-	Multiprocessors int
-	// MIGCapable is true when the GPU supports MIG at all.
-	MIGCapable bool
-	// MIGEnabled is the current MIG mode.
-	MIGEnabled bool
-	// MIGProfiles lists the GPU instance profiles, only when MIG is enabled.
-	MIGProfiles []MIGProfile
-	// MIGInstances lists the MIG devices that exist now.
-	MIGInstances []MIGInstance
-}
-
-// Placement is a GPU instance placement in memory slices.
-type Placement struct {
-	Start int
-	Size  int
-}
-
-// MIGProfile is a GPU instance profile with its compute instance profile
-// for a full-size compute instance.
-type MIGProfile struct {
-	// Name as nvidia-smi prints it, e.g. "1g.10gb" or "1g.10gb+me".
-	Name            string
-	GIProfileID     int
-	CIProfileID     int
-	MemoryBytes     uint64
-	SliceCount      int
-	Multiprocessors int
-	CopyEngines     int
-	Decoders        int
-	Encoders        int
-	JPEGs           int
-	OFAs            int
-	InstanceCount   int
-	Placements      []Placement
-}
-
-// MIGInstance is a MIG device that exists on the GPU.
-type MIGInstance struct {
-	UUID        string
-	Profile     string
-	GIProfileID int
-	GIID        int
-	CIID        int
-	Placement   Placement
-}
 
 // giProfiles are NVML's GPU instance profile constants, probed in order.
 var giProfiles = []int{
@@ -110,9 +48,9 @@ func nvmlErr(what string, ret nvml.Return) error {
 }
 
 // Discover lists every GPU. lib must already be initialised.
-func Discover(ctx context.Context, lib nvml.Interface) (*Inventory, error) {
+func Discover(ctx context.Context, lib nvml.Interface) (*inventory.Inventory, error) {
 	logger := klog.FromContext(ctx)
-	inv := &Inventory{}
+	inv := &inventory.Inventory{}
 	var ret nvml.Return
 	if inv.DriverVersion, ret = lib.SystemGetDriverVersion(); ret != nvml.SUCCESS {
 		return nil, nvmlErr("get driver version", ret)
@@ -139,8 +77,8 @@ func Discover(ctx context.Context, lib nvml.Interface) (*Inventory, error) {
 	return inv, nil
 }
 
-func discoverGPU(index int, dev nvml.Device) (*GPU, error) {
-	g := &GPU{Index: index}
+func discoverGPU(index int, dev nvml.Device) (*inventory.GPU, error) {
+	g := &inventory.GPU{Index: index}
 	var ret nvml.Return
 	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
 		return nil, nvmlErr("get UUID", ret)
@@ -196,8 +134,8 @@ func discoverGPU(index int, dev nvml.Device) (*GPU, error) {
 	return g, nil
 }
 
-func migProfiles(dev nvml.Device, totalBytes uint64) ([]MIGProfile, error) {
-	var out []MIGProfile
+func migProfiles(dev nvml.Device, totalBytes uint64) ([]inventory.MIGProfile, error) {
+	var out []inventory.MIGProfile
 	for _, id := range giProfiles {
 		info, ret := dev.GetGpuInstanceProfileInfo(id)
 		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
@@ -210,7 +148,7 @@ func migProfiles(dev nvml.Device, totalBytes uint64) ([]MIGProfile, error) {
 		if ret != nvml.SUCCESS {
 			return nil, nvmlErr(fmt.Sprintf("get placements of GPU instance profile %d", id), ret)
 		}
-		p := MIGProfile{
+		p := inventory.MIGProfile{
 			Name:            ProfileName(id, int(info.SliceCount), info.MemorySizeMB, totalBytes),
 			GIProfileID:     id,
 			CIProfileID:     CIProfileForSlices[int(info.SliceCount)],
@@ -225,7 +163,7 @@ func migProfiles(dev nvml.Device, totalBytes uint64) ([]MIGProfile, error) {
 			InstanceCount:   int(info.InstanceCount),
 		}
 		for _, pl := range pls {
-			p.Placements = append(p.Placements, Placement{Start: int(pl.Start), Size: int(pl.Size)})
+			p.Placements = append(p.Placements, inventory.Placement{Start: int(pl.Start), Size: int(pl.Size)})
 		}
 		sort.Slice(p.Placements, func(i, j int) bool { return p.Placements[i].Start < p.Placements[j].Start })
 		out = append(out, p)
@@ -233,12 +171,12 @@ func migProfiles(dev nvml.Device, totalBytes uint64) ([]MIGProfile, error) {
 	return out, nil
 }
 
-func migInstances(dev nvml.Device, profiles []MIGProfile) ([]MIGInstance, error) {
+func migInstances(dev nvml.Device, profiles []inventory.MIGProfile) ([]inventory.MIGInstance, error) {
 	max, ret := dev.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return nil, nvmlErr("get max MIG device count", ret)
 	}
-	var out []MIGInstance
+	var out []inventory.MIGInstance
 	for i := range max {
 		mig, ret := dev.GetMigDeviceHandleByIndex(i)
 		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
@@ -247,7 +185,7 @@ func migInstances(dev nvml.Device, profiles []MIGProfile) ([]MIGInstance, error)
 		if ret != nvml.SUCCESS {
 			return nil, nvmlErr(fmt.Sprintf("get MIG device %d", i), ret)
 		}
-		var inst MIGInstance
+		var inst inventory.MIGInstance
 		if inst.UUID, ret = mig.GetUUID(); ret != nvml.SUCCESS {
 			return nil, nvmlErr("get MIG device UUID", ret)
 		}
@@ -266,7 +204,7 @@ func migInstances(dev nvml.Device, profiles []MIGProfile) ([]MIGInstance, error)
 			return nil, nvmlErr(fmt.Sprintf("get info of GPU instance %d", inst.GIID), ret)
 		}
 		inst.GIProfileID = int(info.ProfileId)
-		inst.Placement = Placement{Start: int(info.Placement.Start), Size: int(info.Placement.Size)}
+		inst.Placement = inventory.Placement{Start: int(info.Placement.Start), Size: int(info.Placement.Size)}
 		for _, p := range profiles {
 			if p.GIProfileID == inst.GIProfileID {
 				inst.Profile = p.Name

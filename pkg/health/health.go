@@ -24,6 +24,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 )
 
 // DefaultIgnoredXIDs are application errors that do not make a GPU
@@ -85,7 +86,7 @@ func New(lib nvml.Interface, pool string, ignoredXIDs []uint64, onChange func())
 }
 
 // Run listens for NVML events on the given GPUs until ctx ends.
-func (m *Monitor) Run(ctx context.Context, inv *discover.Inventory) error {
+func (m *Monitor) Run(ctx context.Context, inv *inventory.Inventory) error {
 	logger := klog.FromContext(ctx)
 	es, ret := m.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
@@ -186,7 +187,7 @@ func (m *Monitor) migKey(ev nvml.EventData, uuid string) (migKey, bool) {
 }
 
 // Health returns a device's health and, when unhealthy, why.
-func (m *Monitor) Health(inv *discover.Inventory, device string) (bool, string) {
+func (m *Monitor) Health(inv *inventory.Inventory, device string) (bool, string) {
 	name, err := devicemodel.ParseName(device)
 	if err != nil || inv == nil || name.Index >= len(inv.GPUs) {
 		return true, ""
@@ -206,7 +207,7 @@ func (m *Monitor) Health(inv *discover.Inventory, device string) (bool, string) 
 }
 
 // Unhealthy returns the unhealthy devices among names with the reason.
-func (m *Monitor) Unhealthy(inv *discover.Inventory, names []string) map[string]string {
+func (m *Monitor) Unhealthy(inv *inventory.Inventory, names []string) map[string]string {
 	out := map[string]string{}
 	for _, n := range names {
 		if ok, why := m.Health(inv, n); !ok {
@@ -218,7 +219,7 @@ func (m *Monitor) Unhealthy(inv *discover.Inventory, names []string) map[string]
 
 // Taints returns the NoSchedule taint of every unhealthy device among the
 // names.
-func (m *Monitor) Taints(inv *discover.Inventory, names []string) map[string][]resourceapi.DeviceTaint {
+func (m *Monitor) Taints(inv *inventory.Inventory, names []string) map[string][]resourceapi.DeviceTaint {
 	out := map[string][]resourceapi.DeviceTaint{}
 	m.mu.Lock()
 	faults := len(m.gpus) + len(m.migs)
@@ -243,7 +244,7 @@ func (m *Monitor) Taints(inv *discover.Inventory, names []string) map[string][]r
 // Watch implements kubeletplugin.DRAPlugin.WatchHealthStatus: a full
 // report now, on every change and every ReportInterval. devices returns
 // the inventory and the names of the published devices.
-func (m *Monitor) Watch(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport, devices func() (*discover.Inventory, []string)) error {
+func (m *Monitor) Watch(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport, devices func() (*inventory.Inventory, []string)) error {
 	ticker := time.NewTicker(ReportInterval)
 	defer ticker.Stop()
 	for {

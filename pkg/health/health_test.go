@@ -12,10 +12,11 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 )
 
-func setup(t *testing.T, profile string, mig bool) (context.Context, *nvmlmock.Server, *discover.Inventory, []string) {
+func setup(t *testing.T, profile string, mig bool) (context.Context, *nvmlmock.Server, *inventory.Inventory, []string) {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	spec, err := nvmlmock.ParseProfile(profile)
@@ -51,7 +52,7 @@ func TestCriticalXIDMakesGPUUnhealthy(t *testing.T) {
 	m := New(srv, "node", DefaultIgnoredXIDs, func() { changed <- struct{}{} })
 	reports := make(chan kubeletplugin.DeviceHealthReport, 10)
 	go func() { _ = m.Run(ctx, inv) }()
-	go func() { _ = m.Watch(ctx, reports, func() (*discover.Inventory, []string) { return inv, names }) }()
+	go func() { _ = m.Watch(ctx, reports, func() (*inventory.Inventory, []string) { return inv, names }) }()
 
 	first := <-reports
 	if len(first.Devices) != len(names) {
@@ -101,7 +102,7 @@ func TestMIGInstanceXID(t *testing.T) {
 	ctx, srv, inv, names := setup(t, "a100-40gb", true)
 	gpu := inv.GPUs[0]
 	dev, _ := srv.DeviceGetHandleByUUID(gpu.UUID)
-	var prof discover.MIGProfile
+	var prof inventory.MIGProfile
 	for _, p := range gpu.MIGProfiles {
 		if p.Name == "1g.5gb" {
 			prof = p

@@ -11,7 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 
-	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 )
 
 // Instance is one MIG device: a GPU instance at a placement with one
@@ -78,7 +78,7 @@ func (m *Manager) device(gpuUUID string) (nvml.Device, error) {
 }
 
 // Template is what to create: a profile at a placement of a GPU.
-func Template(gpu discover.GPU, p discover.MIGProfile, start int) (Instance, error) {
+func Template(gpu inventory.GPU, p inventory.MIGProfile, start int) (Instance, error) {
 	for _, pl := range p.Placements {
 		if pl.Start == start {
 			return Instance{

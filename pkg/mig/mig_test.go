@@ -10,10 +10,11 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 )
 
-func setup(t *testing.T, statePath string) (*Manager, *discover.Inventory) {
+func setup(t *testing.T, statePath string) (*Manager, *inventory.Inventory) {
 	t.Helper()
 	spec, err := nvmlmock.ParseProfile("a100-40gb")
 	if err != nil {
@@ -31,14 +32,14 @@ func setup(t *testing.T, statePath string) (*Manager, *discover.Inventory) {
 	return New(srv), inv
 }
 
-func profile(t *testing.T, gpu discover.GPU, name string) discover.MIGProfile {
+func profile(t *testing.T, gpu inventory.GPU, name string) inventory.MIGProfile {
 	for _, p := range gpu.MIGProfiles {
 		if p.Name == name {
 			return p
 		}
 	}
 	t.Fatalf("no profile %s", name)
-	return discover.MIGProfile{}
+	return inventory.MIGProfile{}
 }
 
 func TestCreateFindDestroy(t *testing.T) {

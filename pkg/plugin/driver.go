@@ -23,9 +23,9 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/discover"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/health"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/prepare"
@@ -246,7 +246,7 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		TimeSlice:     timeslice.NewManager(setter),
 		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir},
 		AccountingDir: filepath.Join(o.PluginDataDir, accountingDir),
-		Model: func() (*discover.Inventory, devicemodel.Config) {
+		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg
 		},
 		Status: d.status,
@@ -272,7 +272,7 @@ func (d *Driver) deviceModelConfig() devicemodel.Config {
 }
 
 // deviceNames are the devices the node publishes.
-func (d *Driver) deviceNames(inv *discover.Inventory) []string {
+func (d *Driver) deviceNames(inv *inventory.Inventory) []string {
 	slices, err := devicemodel.Build(inv, d.modelCfg)
 	if err != nil {
 		return nil
@@ -360,7 +360,7 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 
 // WatchHealthStatus implements kubeletplugin.DRAPlugin from NVML events.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	return d.health.Watch(ctx, reports, func() (*discover.Inventory, []string) {
+	return d.health.Watch(ctx, reports, func() (*inventory.Inventory, []string) {
 		inv := d.publisher.Inventory()
 		return inv, d.deviceNames(inv)
 	})

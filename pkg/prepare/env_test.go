@@ -24,6 +24,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
 	"github.com/tessera-dev/tessera/pkg/enforce"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
@@ -41,7 +42,7 @@ type env struct {
 	ctx      context.Context
 	dir      string
 	srv      *nvmlmock.Server
-	inv      *discover.Inventory
+	inv      *inventory.Inventory
 	cfg      devicemodel.Config
 	opts     Options
 	p        *Preparer
@@ -103,7 +104,7 @@ func (e *env) start() {
 		MIGMode:   e.cfg.MIGMode,
 		TimeSlice: timeslice.NewManager(&timeslice.FileRecorder{Path: filepath.Join(e.dir, "mock-timeslice.json")}),
 		Enforce:   enf, AccountingDir: filepath.Join(e.dir, "accounting"),
-		Model:  func() (*discover.Inventory, devicemodel.Config) { return e.inv, e.cfg },
+		Model:  func() (*inventory.Inventory, devicemodel.Config) { return e.inv, e.cfg },
 		Status: e.status,
 	}
 	e.p = New(e.opts)

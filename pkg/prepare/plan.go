@@ -15,8 +15,8 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/discover"
 	"github.com/tessera-dev/tessera/pkg/enforce"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
 )
 
@@ -25,7 +25,7 @@ import (
 type planned struct {
 	result resourceapi.DeviceRequestAllocationResult
 	name   devicemodel.Name
-	gpu    discover.GPU
+	gpu    inventory.GPU
 	alloc  enforce.Allocation
 	// mig is the MIG device to create (dynamic) or use (static).
 	mig *mig.Instance
@@ -177,7 +177,7 @@ func (p *Preparer) newPlan(claim *resourceapi.ResourceClaim, results []resourcea
 	return pl, nil
 }
 
-func (p *Preparer) resolve(claim *resourceapi.ResourceClaim, inv *discover.Inventory, devices map[string]resourceapi.Device, r resourceapi.DeviceRequestAllocationResult) (planned, error) {
+func (p *Preparer) resolve(claim *resourceapi.ResourceClaim, inv *inventory.Inventory, devices map[string]resourceapi.Device, r resourceapi.DeviceRequestAllocationResult) (planned, error) {
 	d := planned{result: r}
 	if r.Pool != p.opts.NodeName {
 		return d, fmt.Errorf("pool %q is not this node's pool %q", r.Pool, p.opts.NodeName)
@@ -229,7 +229,7 @@ func (p *Preparer) resolve(claim *resourceapi.ResourceClaim, inv *discover.Inven
 		if admin && p.opts.MIGMode == devicemodel.MIGDynamic {
 			return d, fmt.Errorf("admin access to dynamically created MIG devices is not supported")
 		}
-		var prof *discover.MIGProfile
+		var prof *inventory.MIGProfile
 		for i := range d.gpu.MIGProfiles {
 			if devicemodel.ProfileToken(d.gpu.MIGProfiles[i].Name) == name.ProfileToken {
 				prof = &d.gpu.MIGProfiles[i]

@@ -29,8 +29,8 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/discover"
 	"github.com/tessera-dev/tessera/pkg/enforce"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
@@ -58,7 +58,7 @@ type Options struct {
 	// shared accounting file.
 	AccountingDir string
 	// Model returns the current inventory and device-model configuration.
-	Model  func() (*discover.Inventory, devicemodel.Config)
+	Model  func() (*inventory.Inventory, devicemodel.Config)
 	Status StatusWriter
 	// Crash, when set, is called at named points of prepare and unprepare
 	// (crash-injection tests kill the process there).
@@ -97,7 +97,7 @@ type Preparer struct {
 	pending map[string]string
 
 	modelMu  sync.Mutex
-	modelInv *discover.Inventory
+	modelInv *inventory.Inventory
 	devices  map[string]resourceapi.Device
 }
 
@@ -114,7 +114,7 @@ func (p *Preparer) crash(point string) {
 
 // model returns the inventory and its published devices by name, rebuilt
 // when the inventory changes.
-func (p *Preparer) model() (*discover.Inventory, map[string]resourceapi.Device) {
+func (p *Preparer) model() (*inventory.Inventory, map[string]resourceapi.Device) {
 	inv, cfg := p.opts.Model()
 	p.modelMu.Lock()
 	defer p.modelMu.Unlock()

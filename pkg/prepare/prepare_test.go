@@ -16,7 +16,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
-	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
@@ -404,7 +404,7 @@ func TestManyClaimsInParallel(t *testing.T) {
 func TestStaticMIG(t *testing.T) {
 	e := newEnv(t, withMIG(), func(e *env) { e.cfg.MIGMode = "static" })
 	gpu := e.inv.GPUs[0]
-	var prof discover.MIGProfile
+	var prof inventory.MIGProfile
 	for _, p := range gpu.MIGProfiles {
 		if p.Name == "2g.10gb" {
 			prof = p

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 )
 
 // Sink receives the pool to publish (kubeletplugin.Helper.PublishResources).
@@ -27,7 +28,7 @@ type Publisher struct {
 	trigger  chan struct{}
 
 	mu        sync.Mutex
-	inventory *discover.Inventory
+	inventory *inventory.Inventory
 	pending   []resourceslice.Slice
 	published []resourceslice.Slice
 }
@@ -39,7 +40,7 @@ func NewPublisher(lib nvml.Interface, nodeName string, config func() devicemodel
 }
 
 // Inventory returns the last good inventory (nil before the first sync).
-func (p *Publisher) Inventory() *discover.Inventory {
+func (p *Publisher) Inventory() *inventory.Inventory {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.inventory

@@ -19,6 +19,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/publish"
 )
@@ -113,7 +114,7 @@ type simNode struct {
 	name   string
 	alloc  *allocation.Allocator
 	state  *allocation.State
-	inv    *discover.Inventory
+	inv    *inventory.Inventory
 	usable map[int]uint64
 	// free is each GPU's memory not yet held by a pod; it rules out nodes
 	// before the (much more expensive) allocator runs.

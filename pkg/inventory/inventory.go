@@ -1,0 +1,69 @@
+// Package inventory is what a node's GPUs are, as plain data: the output of
+// discovery and the input of the device model. It has no NVML dependency, so
+// the controller and the simulator can reason about devices without linking
+// the NVIDIA management library.
+package inventory
+
+// Inventory is what the node has, as NVML reports it.
+type Inventory struct {
+	DriverVersion     string
+	CUDADriverVersion string
+	GPUs              []GPU
+}
+
+// GPU is one physical GPU.
+type GPU struct {
+	Index           int
+	Minor           int
+	UUID            string
+	ProductName     string
+	Brand           string
+	Architecture    string
+	CUDAComputeCap  string
+	PCIBusID        string
+	MemoryBytes     uint64
+	Multiprocessors int
+	// MIGCapable is true when the GPU supports MIG at all.
+	MIGCapable bool
+	// MIGEnabled is the current MIG mode.
+	MIGEnabled bool
+	// MIGProfiles lists the GPU instance profiles, only when MIG is enabled.
+	MIGProfiles []MIGProfile
+	// MIGInstances lists the MIG devices that exist now.
+	MIGInstances []MIGInstance
+}
+
+// Placement is a GPU instance placement in memory slices.
+type Placement struct {
+	Start int
+	Size  int
+}
+
+// MIGProfile is a GPU instance profile with its compute instance profile
+// for a full-size compute instance.
+type MIGProfile struct {
+	// Name as nvidia-smi prints it, e.g. "1g.10gb" or "1g.10gb+me".
+	Name            string
+	GIProfileID     int
+	CIProfileID     int
+	MemoryBytes     uint64
+	SliceCount      int
+	Multiprocessors int
+	CopyEngines     int
+	Decoders        int
+	Encoders        int
+	JPEGs           int
+	OFAs            int
+	InstanceCount   int
+	Placements      []Placement
+}
+
+// MIGInstance is a MIG device that exists on the GPU.
+type MIGInstance struct {
+	UUID        string
+	Profile     string
+	GIProfileID int
+	GIID        int
+	CIID        int
+	Placement   Placement
+}
