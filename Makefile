@@ -60,8 +60,8 @@ PROFILE ?= t4:2
 print-slices:
 	$(GO) run ./cmd/kubelet-plugin --gpu-backend=mock --mock-profile=$(PROFILE) --node-name=demo-node --print-slices
 
-## demo: the main job
-demo: print-slices
+## demo: the main job: build what is missing, bring up a real local cluster, run every demo/ scenario with narration, tear down (DEMO_ARGS=--keep keeps it)
+demo: demo-cluster
 
 ## bench: run every benchmark, regenerate docs/benchmarks.md and its plots (< 15 min)
 bench:

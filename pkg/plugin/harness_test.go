@@ -77,18 +77,21 @@ func tempDir(t testing.TB) string {
 
 // newFakeClient is a fake API server that, like the real one, names
 // objects created with generateName (the ResourceSlice controller uses it)
-// and supports server-side apply (status.devices).
+// and keeps the status.devices the plugin writes.
 func newFakeClient(objs ...runtime.Object) *fake.Clientset {
 	return nameGenerated(fake.NewClientset(objs...))
 }
 
 // newLightFakeClient starts much faster: no field management, and status
-// writes (server-side apply patches) are accepted without effect.
+// writes (status.devices) are accepted without effect.
 func newLightFakeClient(objs ...runtime.Object) *fake.Clientset {
 	//nolint:staticcheck // NewClientset builds OpenAPI type converters: too slow for a process started hundreds of times.
 	client := nameGenerated(fake.NewSimpleClientset(objs...))
-	client.PrependReactor("patch", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		return true, &resourceapi.ResourceClaim{}, nil
+	client.PrependReactor("update", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != "status" {
+			return false, nil, nil
+		}
+		return true, action.(k8stesting.UpdateAction).GetObject(), nil
 	})
 	return client
 }

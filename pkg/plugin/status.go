@@ -5,11 +5,12 @@ import (
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	resourceac "k8s.io/client-go/applyconfigurations/resource/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
@@ -23,11 +24,17 @@ const statusFieldManager = "gpu.tessera.dev/kubelet-plugin"
 const maxStatusRetries = 8
 
 // statusWriter writes status.devices of prepared claims in the
-// background with server-side apply, so that the entries of other drivers
-// are left alone and prepare never waits for the API server. Writing
-// needs RBAC on resourceclaims/status (patch) and on the synthetic
-// resourceclaims/driver subresource (verb associated-node:patch,
-// resourceNames gpu.tessera.dev). A failure is logged and retried a few
+// background, so that prepare never waits for the API server. It reads the
+// claim, replaces this driver's entries (other drivers' stay as they are)
+// and updates the status with the claim's resourceVersion, retrying on
+// conflicts. It does not use server-side apply: the API server's apply
+// round-trips the whole status through its typed representation, which
+// re-encodes the opaque parameters in status.allocation (a RawExtension)
+// with sorted keys; when the user wrote them in another order the
+// allocation then differs from the stored one and the write is refused as
+// a change of an immutable field. Writing needs RBAC on
+// resourceclaims/status (update) and on the synthetic resourceclaims/driver
+// subresource (verb associated-node:update, resourceNames gpu.tessera.dev). A failure is logged and retried a few
 // times; it never fails prepare: the status is information for users, the
 // CDI spec is what the workload gets.
 type statusWriter struct {
@@ -102,7 +109,7 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	err := w.write(ctx, uid, entry)
 	logger := klog.FromContext(ctx)
 	switch {
-	case err == nil, apierrors.IsNotFound(err), apierrors.IsConflict(err) && entry.devices == nil:
+	case err == nil, apierrors.IsNotFound(err):
 		w.queue.Forget(uid)
 		w.mu.Lock()
 		// Only drop what was written; a newer desire stays queued.
@@ -134,18 +141,34 @@ func sameEntry(a, b statusEntry) bool {
 }
 
 func (w *statusWriter) write(ctx context.Context, uid types.UID, e statusEntry) error {
-	status := resourceac.ResourceClaimStatus()
-	for _, d := range e.devices {
-		ds := resourceac.AllocatedDeviceStatus().WithDriver(d.Driver).WithPool(d.Pool).WithDevice(d.Device)
-		if d.ShareID != nil {
-			ds = ds.WithShareID(*d.ShareID)
+	claims := w.client.ResourceV1().ResourceClaims(e.claim.Namespace)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		claim, err := claims.Get(ctx, e.claim.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
 		}
-		if d.Data != nil {
-			ds = ds.WithData(*d.Data)
+		if claim.UID != uid {
+			// The claim we prepared is gone; one of the same name is not ours.
+			return apierrors.NewNotFound(resourceapi.Resource("resourceclaims"), e.claim.Name)
 		}
-		status = status.WithDevices(ds)
+		devices := mergeDeviceStatus(claim.Status.Devices, w.driver, e.devices)
+		if apiequality.Semantic.DeepEqual(devices, claim.Status.Devices) {
+			return nil
+		}
+		claim.Status.Devices = devices
+		_, err = claims.UpdateStatus(ctx, claim, metav1.UpdateOptions{FieldManager: statusFieldManager})
+		return err
+	})
+}
+
+// mergeDeviceStatus replaces driver's entries in current by ours and keeps
+// every other driver's entries as they are.
+func mergeDeviceStatus(current []resourceapi.AllocatedDeviceStatus, driver string, ours []resourceapi.AllocatedDeviceStatus) []resourceapi.AllocatedDeviceStatus {
+	var out []resourceapi.AllocatedDeviceStatus
+	for _, d := range current {
+		if d.Driver != driver {
+			out = append(out, d)
+		}
 	}
-	ac := resourceac.ResourceClaim(e.claim.Name, e.claim.Namespace).WithUID(uid).WithStatus(status)
-	_, err := w.client.ResourceV1().ResourceClaims(e.claim.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: statusFieldManager, Force: true})
-	return err
+	return append(out, ours...)
 }
