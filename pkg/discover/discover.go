@@ -126,7 +126,7 @@ func discoverGPU(index int, dev nvml.Device) (*inventory.GPU, error) {
 		return nil, err
 	}
 	g.MIGProfiles = profiles
-	instances, err := migInstances(dev, profiles)
+	instances, err := MIGInstances(dev, profiles)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +171,10 @@ func migProfiles(dev nvml.Device, totalBytes uint64) ([]inventory.MIGProfile, er
 	return out, nil
 }
 
-func migInstances(dev nvml.Device, profiles []inventory.MIGProfile) ([]inventory.MIGInstance, error) {
+// MIGInstances lists the MIG devices that exist on dev with their GPU and
+// compute instance IDs and placements. Profile names come from profiles
+// (matched by GPU instance profile ID); with nil profiles they stay empty.
+func MIGInstances(dev nvml.Device, profiles []inventory.MIGProfile) ([]inventory.MIGInstance, error) {
 	max, ret := dev.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return nil, nvmlErr("get max MIG device count", ret)

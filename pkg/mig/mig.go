@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/pkg/discover"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 )
 
@@ -97,40 +98,16 @@ func (m *Manager) List(ctx context.Context, gpuUUID string) ([]Instance, error) 
 	if err != nil {
 		return nil, err
 	}
-	n, ret := dev.GetMaxMigDeviceCount()
-	if ret != nvml.SUCCESS {
-		return nil, nvmlErr("get max MIG device count", ret)
+	found, err := discover.MIGInstances(dev, nil)
+	if err != nil {
+		return nil, err
 	}
-	var out []Instance
-	for i := range n {
-		md, ret := dev.GetMigDeviceHandleByIndex(i)
-		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
-			continue
-		}
-		if ret != nvml.SUCCESS {
-			return nil, nvmlErr(fmt.Sprintf("get MIG device %d", i), ret)
-		}
-		inst := Instance{GPUUUID: gpuUUID}
-		if inst.UUID, ret = md.GetUUID(); ret != nvml.SUCCESS {
-			return nil, nvmlErr("get MIG device UUID", ret)
-		}
-		if inst.GIID, ret = md.GetGpuInstanceId(); ret != nvml.SUCCESS {
-			return nil, nvmlErr("get GPU instance ID", ret)
-		}
-		if inst.CIID, ret = md.GetComputeInstanceId(); ret != nvml.SUCCESS {
-			return nil, nvmlErr("get compute instance ID", ret)
-		}
-		gi, ret := dev.GetGpuInstanceById(inst.GIID)
-		if ret != nvml.SUCCESS {
-			return nil, nvmlErr(fmt.Sprintf("get GPU instance %d", inst.GIID), ret)
-		}
-		info, ret := gi.GetInfo()
-		if ret != nvml.SUCCESS {
-			return nil, nvmlErr(fmt.Sprintf("get info of GPU instance %d", inst.GIID), ret)
-		}
-		inst.GIProfileID = int(info.ProfileId)
-		inst.Start, inst.Size = int(info.Placement.Start), int(info.Placement.Size)
-		out = append(out, inst)
+	out := make([]Instance, 0, len(found))
+	for _, mi := range found {
+		out = append(out, Instance{
+			GPUUUID: gpuUUID, UUID: mi.UUID, GIID: mi.GIID, CIID: mi.CIID, GIProfileID: mi.GIProfileID,
+			Start: mi.Placement.Start, Size: mi.Placement.Size,
+		})
 	}
 	return out, nil
 }
