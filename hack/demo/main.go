@@ -1,14 +1,16 @@
 // Command demo is `make demo`: on a fresh machine it builds what is missing,
 // brings up the local cluster (test/localcluster: upstream Kubernetes 1.37,
-// containerd, on 127.0.0.1), runs Tessera's kubelet plugin with mock GPUs
-// and runs the scenarios in demo/ one by one, telling what is created, where
+// containerd, on 127.0.0.1), installs Tessera's Helm chart with mock GPUs
+// (the image is built and imported without Docker; --install host runs the
+// plugin and controller as host processes instead) and runs the scenarios
+// in demo/ one by one, telling what is created, where
 // each claim landed (read from the claims' allocation through the API) and
 // what each container sees (its environment, from its log). After each
 // scenario it deletes the pods and checks their claims were unprepared;
 // at the end it tears the cluster down, or with --keep leaves it running
 // and prints how to use kubectl against it.
 //
-//	go run ./hack/demo [--keep] [--only showdown,mig] [--list]
+//	go run ./hack/demo [--keep] [--only showdown,mig] [--list] [--install chart|host]
 //
 // It needs root (kubelet, containerd, mounts).
 package main
@@ -30,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/hack/demo/scenario"
+	"github.com/tessera-dev/tessera/test/helm"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 
@@ -39,12 +42,18 @@ func main() {
 	keep := flag.Bool("keep", false, "leave the cluster running at the end (and on failure) and print how to use kubectl against it")
 	only := flag.String("only", "", "comma-separated scenarios to run (default: all; see --list)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
+	install := flag.String("install", string(localcluster.DefaultInstallMode()), "how Tessera runs: chart (the Helm chart deployments/helm/tessera; its image is built and imported without Docker) or host (host processes, faster to iterate on) (env TESSERA_INSTALL)")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: go run ./hack/demo [--keep] [--only a,b] [--list]   (as root; or: make demo)\n\n")
+		fmt.Fprintf(os.Stderr, "usage: go run ./hack/demo [--keep] [--only a,b] [--list] [--install chart|host]   (as root; or: make demo)\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	os.Exit(run(*keep, *only, *list))
+	mode := localcluster.InstallMode(*install)
+	if mode != localcluster.InstallChart && mode != localcluster.InstallHost {
+		fmt.Fprintf(os.Stderr, "demo: --install must be chart or host, not %q\n", *install)
+		os.Exit(2)
+	}
+	os.Exit(run(*keep, *only, *list, mode))
 }
 
 func say(format string, args ...any) { fmt.Printf(format+"\n", args...) }
@@ -77,7 +86,7 @@ func selected(repo, only string) ([]scenario.Scenario, error) {
 	return out, nil
 }
 
-func run(keep bool, only string, list bool) int {
+func run(keep bool, only string, list bool, mode localcluster.InstallMode) int {
 	probe, err := localcluster.New(localcluster.Options{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
@@ -115,6 +124,12 @@ func run(keep bool, only string, list bool) int {
 	say("Tessera demo: a DRA driver for shareable GPUs on a real Kubernetes %s", localcluster.KubernetesVersion)
 	say("  etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and containerd run as host")
 	say("  processes on 127.0.0.1 (no Docker, no registry); Tessera's kubelet plugin serves mock GPUs.")
+	if mode == localcluster.InstallChart {
+		say("  Tessera is installed with its Helm chart (deployments/helm/tessera, values/localcluster.yaml): the image")
+		say("  is built without Docker and imported into containerd; each plugin configuration is a `helm upgrade`.")
+	} else {
+		say("  Tessera's kubelet plugin and controller run as host processes (--install host).")
+	}
 	say("  Scenarios: %s", names(scenarios))
 	say(rule)
 	if missing := missingBinaries(probe.Bin); len(missing) > 0 {
@@ -124,6 +139,7 @@ func run(keep bool, only string, list bool) int {
 
 	// The plugin starts with each scenario's configuration (see runScenario).
 	opts := localcluster.Options{
+		Install:       mode,
 		Plugin:        localcluster.PluginOff,
 		KeepOnFailure: keep,
 		Logf: func(format string, args ...any) {
@@ -211,10 +227,14 @@ func runScenario(ctx context.Context, c *localcluster.Cluster, env *scenario.Env
 	}
 	say("  (YAML and README: demo/%s/)", s.Name)
 	if cur := c.Plugin(); !cur.Equal(s.Plugin) {
+		how := ""
+		if c.ChartMode() {
+			how = " (helm upgrade --install)"
+		}
 		if cur.Profile == "" {
-			say("\n  starting Tessera's kubelet plugin with %s", s.Plugin)
+			say("\n  starting Tessera's kubelet plugin with %s%s", s.Plugin, how)
 		} else {
-			say("\n  restarting Tessera's kubelet plugin with %s (was %s)", s.Plugin, cur)
+			say("\n  restarting Tessera's kubelet plugin with %s (was %s)%s", s.Plugin, cur, how)
 		}
 		if err := c.WaitClaimsUnprepared(ctx, time.Minute); err != nil {
 			return err
@@ -233,7 +253,11 @@ func runScenario(ctx context.Context, c *localcluster.Cluster, env *scenario.Env
 			say("  skipped: this scenario needs the controller (./cmd/controller), which has no sources yet")
 			return nil
 		}
-		say("  starting the Tessera controller")
+		if c.ChartMode() {
+			say("  enabling the Tessera controller in the release (helm upgrade; the plugin's pod stays)")
+		} else {
+			say("  starting the Tessera controller")
+		}
 		if err := c.StartController(ctx); err != nil {
 			return err
 		}
@@ -376,4 +400,18 @@ func printKeep(c *localcluster.Cluster, repo string, last scenario.Scenario, fai
   another scenario needs its own plugin configuration: go run ./hack/demo --only <scenario> --keep
   stop it and remove all its state:
     go run ./hack/localcluster down      (or: make cluster-down)`, c.Kubeconfig, c.Bin.Kubectl, c.Dirs.Logs, last.Name, pod)
+	if c.ChartMode() {
+		say(`  Tessera runs from its Helm chart (release tessera in tessera-system):
+    kubectl get pods -n tessera-system
+    kubectl logs -n tessera-system ds/tessera-kubelet-plugin
+    %s status tessera -n tessera-system --kubeconfig %s`, helmPath(), c.Kubeconfig)
+	}
+}
+
+// helmPath is the pinned helm the harness installs the chart with.
+func helmPath() string {
+	if h := os.Getenv("HELM"); h != "" {
+		return h
+	}
+	return helm.BinaryPath()
 }

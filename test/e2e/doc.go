@@ -4,11 +4,20 @@
 //
 //	go test -tags e2e -count=1 ./test/e2e/... -v -timeout 40m   (as root; or: make e2e)
 //
-// Environment: TESSERA_PROFILE (mock GPU profile the kubelet plugin starts
-// with, default t4:2; tests that need the DRA driver switch it to the
-// configuration they assert on), TESSERA_PLUGIN (auto|on|off),
-// TESSERA_START_CONTROLLER=1, TESSERA_E2E_KEEP=1 (leave the cluster running
-// after the tests), TESSERA_E2E_RESULTS=<dir> (TestPodStartLatency writes
+// Tessera is installed with its Helm chart (deployments/helm/tessera with
+// values/localcluster.yaml) from an image built without Docker and imported
+// into containerd; each plugin configuration a test needs is a `helm
+// upgrade`. TESSERA_INSTALL=host runs the plugin and controller as host
+// processes instead, which is faster when debugging the plugin:
+//
+//	TESSERA_INSTALL=host go test -tags e2e -count=1 ./test/e2e/... -v -run TestPluginCrash
+//
+// Environment: TESSERA_INSTALL (chart, the default, or host),
+// TESSERA_PROFILE (mock GPU profile the kubelet plugin starts with, default
+// t4:2; tests that need the DRA driver switch it to the configuration they
+// assert on), TESSERA_PLUGIN (auto|on|off), TESSERA_START_CONTROLLER=1,
+// TESSERA_E2E_KEEP=1 (leave the cluster running after the tests),
+// TESSERA_E2E_RESULTS=<dir> (TestPodStartLatency writes
 // pod-start-latency.json there).
 //
 // What is covered:
@@ -19,8 +28,12 @@
 //     status.devices data;
 //   - lifecycle_test.go: a pod that cannot fit stays Pending with the
 //     scheduler's reason and starts when capacity frees; SIGKILL of the
-//     plugin while pods hold claims; invalid opaque configuration; claim
+//     plugin while pods hold claims (chart mode: the kubelet restarts the
+//     container in the same pod); invalid opaque configuration; claim
 //     status for configurations in any key order;
+//   - upgrade_test.go (chart mode): `helm upgrade` to a changed value while
+//     a pod holds a share claim: the plugin's pod is replaced, the pod keeps
+//     running, new claims prepare, the old claim unprepares cleanly;
 //   - latency_test.go: pod start latency with and without a share claim;
 //   - every test that prepares claims checks that deleting the pods
 //     unprepares them: no CDI spec, checkpoint or accounting directory of

@@ -19,6 +19,11 @@ import (
 // running pods keep running (same containers, no restart); after the plugin
 // restarts a new pod still prepares; deleting the old pods unprepares their
 // claims cleanly.
+//
+// Host mode: the plugin process is killed and the test restarts it. Chart
+// mode: the process of the DaemonSet pod's container is killed (by PID,
+// found through containerd) and the kubelet restarts the container in the
+// same pod, which must register the driver again.
 func TestPluginCrash(t *testing.T) {
 	usePlugin(t, defaultPlugin)
 	ns := newNamespace(t)
@@ -42,6 +47,14 @@ func TestPluginCrash(t *testing.T) {
 	}
 
 	cfg := cluster.Plugin()
+	var pluginPod *corev1.Pod
+	if cluster.ChartMode() {
+		p, err := cluster.PluginPod(t.Context())
+		if err != nil || p == nil {
+			t.Fatalf("the plugin's DaemonSet pod: %v", err)
+		}
+		pluginPod = p
+	}
 	if err := cluster.KillPlugin(); err != nil {
 		t.Fatal(err)
 	}
@@ -50,6 +63,28 @@ func TestPluginCrash(t *testing.T) {
 			_ = cluster.StartPluginWith(context.Background(), cfg)
 		}
 	})
+	if pluginPod != nil {
+		// KillPlugin waited for the kubelet to restart the container and
+		// re-register the driver: same pod, one more restart.
+		p, err := cluster.PluginPod(t.Context())
+		if err != nil || p == nil {
+			t.Fatalf("the plugin's DaemonSet pod after the kill: %v", err)
+		}
+		if p.UID != pluginPod.UID {
+			t.Errorf("the plugin's pod was replaced (%s -> %s); the kubelet should have restarted its container", pluginPod.Name, p.Name)
+		}
+		restarts := func(p *corev1.Pod) int32 {
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.Name == "kubelet-plugin" {
+					return cs.RestartCount
+				}
+			}
+			return -1
+		}
+		if got, was := restarts(p), restarts(pluginPod); got != was+1 {
+			t.Errorf("plugin container restartCount %d after the kill, want %d", got, was+1)
+		}
+	}
 	// Give the kubelet time to notice; the pods must not care.
 	time.Sleep(5 * time.Second)
 	checkStillRunning := func(when string) {
@@ -65,13 +100,16 @@ func TestPluginCrash(t *testing.T) {
 			}
 		}
 	}
-	checkStillRunning("with the plugin killed")
+	checkStillRunning("after the plugin was killed")
 	for _, f := range oldFiles {
 		checkPresent(t, f)
 	}
 
-	if err := cluster.StartPluginWith(t.Context(), cfg); err != nil {
-		t.Fatalf("restarting the plugin: %v", err)
+	if !cluster.ChartMode() {
+		// A host process has no supervisor: restart it as one would.
+		if err := cluster.StartPluginWith(t.Context(), cfg); err != nil {
+			t.Fatalf("restarting the plugin: %v", err)
+		}
 	}
 	checkStillRunning("after the plugin restarted")
 

@@ -49,6 +49,7 @@ func run(m *testing.M) int {
 		}
 	}()
 	opts := localcluster.Options{
+		Install:    localcluster.InstallMode(os.Getenv("TESSERA_INSTALL")), // "": chart
 		Profile:    os.Getenv("TESSERA_PROFILE"),
 		Plugin:     localcluster.PluginMode(os.Getenv("TESSERA_PLUGIN")),
 		Controller: os.Getenv("TESSERA_START_CONTROLLER") == "1",
@@ -69,10 +70,18 @@ func run(m *testing.M) int {
 	// The network rule: the only image must already be in containerd before
 	// the first pod exists, so nothing is ever pulled.
 	code := 0
-	if ok, err := c.ImagePresent(context.Background(), localcluster.BusyboxImage); err != nil || !ok {
-		fmt.Fprintf(os.Stderr, "e2e: %s is not in containerd before any pod was created (err %v)\n", localcluster.BusyboxImage, err)
-		code = 1
-	} else {
+	images := []string{localcluster.BusyboxImage}
+	if c.ChartMode() && c.PluginRunning() {
+		images = append(images, localcluster.TesseraImage)
+	}
+	for _, img := range images {
+		if ok, err := c.ImagePresent(context.Background(), img); err != nil || !ok {
+			fmt.Fprintf(os.Stderr, "e2e: %s is not in containerd before any pod was created (err %v)\n", img, err)
+			code = 1
+		}
+	}
+	if code == 0 {
+		fmt.Fprintf(os.Stderr, "e2e: Tessera installed in mode %s (TESSERA_INSTALL=chart|host)\n", c.Opts.Install)
 		code = m.Run()
 	}
 

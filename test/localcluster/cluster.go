@@ -52,15 +52,23 @@ type Options struct {
 	// RepoRoot is the Tessera checkout (for building its commands).
 	// Default: found by walking up from the current directory.
 	RepoRoot string
+	// Install says how Tessera's plugin and controller run: InstallChart
+	// (the Helm chart, with an image built and imported without Docker) or
+	// InstallHost (host processes). Default: DefaultInstallMode().
+	Install InstallMode
 	// Plugin says whether to start the Tessera kubelet plugin. Default auto.
 	Plugin PluginMode
 	// Profile is the plugin's --mock-profile. Default DefaultProfile.
 	Profile string
-	// PluginArgs are appended to the plugin's command line.
+	// PluginArgs are appended to the plugin's command line (in chart mode:
+	// mapped to chart values, see PluginValues).
 	PluginArgs []string
-	// Controller starts cmd/controller as a host process (off by default).
+	// Controller starts Tessera's controller (off by default): in chart
+	// mode controller.enabled in the release, in host mode ./cmd/controller
+	// as a host process.
 	Controller bool
-	// ControllerArgs are appended to the controller's command line.
+	// ControllerArgs are appended to the controller's command line (in
+	// chart mode: controller.extraArgs).
 	ControllerArgs []string
 	// KeepOnFailure leaves a cluster that failed to come up running for
 	// inspection instead of tearing it down.
@@ -106,7 +114,14 @@ type Cluster struct {
 	mu     sync.Mutex
 	exited map[string]chan struct{}
 	plugin PluginConfig
-	downMu sync.Mutex
+	// expected are the devices the running plugin configuration publishes.
+	expected []string
+	downMu   sync.Mutex
+	// Chart mode: the helm binary, the image built for this cluster and
+	// what was installed.
+	helm  string
+	image *builtImage
+	chart chartState
 }
 
 // Component names; also the names of their pid and log files.
@@ -144,6 +159,12 @@ func New(opts Options) (*Cluster, error) {
 	}
 	if opts.Plugin == "" {
 		opts.Plugin = PluginAuto
+	}
+	if opts.Install == "" {
+		opts.Install = DefaultInstallMode()
+	}
+	if opts.Install != InstallChart && opts.Install != InstallHost {
+		return nil, fmt.Errorf("install mode %q: use %s or %s (TESSERA_INSTALL)", opts.Install, InstallChart, InstallHost)
 	}
 	if opts.Profile == "" {
 		opts.Profile = DefaultProfile
@@ -212,7 +233,8 @@ func findRepoRoot() (string, error) {
 // brings the cluster up: etcd, containerd (with the busybox image imported),
 // kube-apiserver, kube-controller-manager, kube-scheduler and the kubelet,
 // then the Tessera kubelet plugin (see Options.Plugin) and, when asked, the
-// controller. It returns once the API server is ready, the node is Ready, the
+// controller, as host processes or through the Helm chart (Options.Install).
+// It returns once the API server is ready, the node is Ready, the
 // default ServiceAccount exists and the plugin (if started) is registered and
 // has published its ResourceSlice. On failure it archives the logs and tears
 // everything down again (unless KeepOnFailure).
@@ -260,6 +282,11 @@ func (c *Cluster) up(ctx context.Context) error {
 		return err
 	}
 	c.Bin = b
+	if c.ChartMode() {
+		if _, err := c.helmBinary(ctx); err != nil {
+			return err
+		}
+	}
 	d := c.Dirs
 	for _, dir := range []string{d.Pids, d.Logs, d.Archive, d.Etcd, d.ContainerdRoot, d.ContainerdState, d.RuncRoot,
 		d.CNIBin, d.CNIConf, d.Bin, d.Images, d.MockDevices, c.podLogsDir(), KubeletRootDir, CDIRoot} {
@@ -295,6 +322,12 @@ func (c *Cluster) up(ctx context.Context) error {
 	imageTar := filepath.Join(d.Images, "busybox.tar")
 	if err := writeBusyboxImage(c.Bin.Busybox, imageTar); err != nil {
 		return fmt.Errorf("busybox image: %w", err)
+	}
+	if c.chartWanted() {
+		// Before anything runs: on a cold Go build cache this takes minutes.
+		if _, err := c.ensureImage(ctx); err != nil {
+			return err
+		}
 	}
 
 	if err := checkPortsFree(); err != nil {
@@ -362,6 +395,11 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 	if ok, err := c.ImagePresent(ctx, BusyboxImage); err != nil || !ok {
 		return fmt.Errorf("image %s not in containerd after import (err %v)", BusyboxImage, err)
+	}
+	if c.chartWanted() {
+		if _, err := c.ensureImage(ctx); err != nil { // imports it
+			return err
+		}
 	}
 	if err := c.connect(); err != nil {
 		return err
@@ -454,6 +492,12 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 	if err := c.applyDeviceClasses(ctx); err != nil {
 		return err
+	}
+	if c.ChartMode() && c.Opts.Controller {
+		// One install for both.
+		c.mu.Lock()
+		c.chart.controller = true
+		c.mu.Unlock()
 	}
 	if c.pluginWanted() {
 		if err := c.StartPluginWith(ctx, PluginConfig{Profile: c.Opts.Profile}); err != nil {
@@ -647,6 +691,11 @@ func (c *Cluster) ArchiveLogs(reason string) (string, error) {
 		}
 		_ = os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644)
 	}
+	for _, p := range c.driverPodLogs() {
+		if b, err := os.ReadFile(p); err == nil {
+			_ = os.WriteFile(filepath.Join(dst, c.driverPodLogName(p)), b, 0o644)
+		}
+	}
 	if old, err := os.ReadDir(c.Dirs.Archive); err == nil && len(old) > 5 {
 		for _, e := range old[:len(old)-5] { // names sort by time
 			_ = os.RemoveAll(filepath.Join(c.Dirs.Archive, e.Name()))
@@ -665,6 +714,19 @@ func (c *Cluster) LogTails(n int) string {
 		}
 		fmt.Fprintf(&sb, "===== last %d lines of %s =====\n%s\n", n, c.LogPath(name), c.LogTail(name, n))
 	}
+	// The chart's pods (plugin, controller): from the kubelet's pod logs
+	// while they exist, else from the copies teardown saved.
+	podLogs := c.driverPodLogs()
+	if len(podLogs) == 0 {
+		podLogs, _ = filepath.Glob(filepath.Join(c.Dirs.Logs, "pod_*.log"))
+	}
+	for _, p := range podLogs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(&sb, "===== last %d lines of %s =====\n%s\n", n, p, tail(string(b), n))
+	}
 	return sb.String()
 }
 
@@ -672,6 +734,7 @@ func (c *Cluster) LogTails(n int) string {
 func (c *Cluster) StatusJSON() string {
 	b, _ := json.MarshalIndent(map[string]any{
 		"workDir":    c.Dirs.Root,
+		"install":    c.Opts.Install,
 		"kubeconfig": c.Kubeconfig,
 		"kubectl":    c.Bin.Kubectl,
 		"components": c.Status(),

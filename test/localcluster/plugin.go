@@ -43,7 +43,14 @@ func (c *Cluster) pluginWanted() bool {
 	}
 }
 
+// applyDeviceClasses applies DeviceClassesFile in host mode. In chart mode
+// the chart owns the DeviceClasses (Helm refuses to adopt objects it did not
+// create), so nothing is applied here.
 func (c *Cluster) applyDeviceClasses(ctx context.Context) error {
+	if c.ChartMode() {
+		c.logf("DeviceClasses come with the chart (install mode %s)", c.Opts.Install)
+		return nil
+	}
 	path := filepath.Join(c.Opts.RepoRoot, DeviceClassesFile)
 	if _, err := os.Stat(path); err != nil {
 		c.logf("no %s yet; no DeviceClasses applied", DeviceClassesFile)
@@ -100,13 +107,20 @@ func (c *Cluster) StartPlugin(ctx context.Context, profile string) error {
 	return c.StartPluginWith(ctx, PluginConfig{Profile: profile})
 }
 
-// StartPluginWith (re)starts the kubelet plugin with cfg: it stops a running
-// instance (SIGTERM), builds ./cmd/kubelet-plugin, starts it and returns once
+// StartPluginWith (re)starts the kubelet plugin with cfg and returns once
 // the kubelet has registered the driver (its log says "Connection changed"
 // for DriverName with connected=true, after this start) and the driver's
 // ResourceSlices for this node carry exactly the devices this configuration
 // publishes (read from the plugin's own --print-slices), so that a stale
 // slice of an earlier configuration never counts as ready.
+//
+// In host mode it stops a running instance (SIGTERM), builds
+// ./cmd/kubelet-plugin and starts it as a host process. In chart mode
+// (Options.Install) it runs `helm upgrade --install` with the configuration
+// as chart values (see PluginValues) and a new StartAnnotation, so the
+// DaemonSet rolls its pod even when nothing else changed; the expected
+// devices come from the image's plugin binary run with the DaemonSet's own
+// arguments.
 //
 // Claims prepared by an earlier instance stay prepared; delete their pods
 // first (and wait for their CDI specs to go, see WaitClaimsUnprepared) when
@@ -114,6 +128,9 @@ func (c *Cluster) StartPlugin(ctx context.Context, profile string) error {
 func (c *Cluster) StartPluginWith(ctx context.Context, cfg PluginConfig) error {
 	if cfg.Profile == "" {
 		cfg.Profile = DefaultProfile
+	}
+	if c.ChartMode() {
+		return c.startPluginChart(ctx, cfg, true)
 	}
 	if err := c.StopPlugin(); err != nil {
 		return err
@@ -138,6 +155,7 @@ func (c *Cluster) StartPluginWith(ctx context.Context, cfg PluginConfig) error {
 	}
 	c.mu.Lock()
 	c.plugin = cfg
+	c.expected = want
 	c.mu.Unlock()
 	alive := []string{compPlugin, compKubelet, compAPIServer}
 	if err := c.waitFor(ctx, "kubelet registered "+DriverName, 60*time.Second, alive, func() (bool, error) {
@@ -145,17 +163,23 @@ func (c *Cluster) StartPluginWith(ctx context.Context, cfg PluginConfig) error {
 	}); err != nil {
 		return err
 	}
-	what := "ResourceSlice of " + DriverName + " on " + NodeName
-	if want != nil {
-		what = fmt.Sprintf("ResourceSlices of %s on %s with the %d devices of %s", DriverName, NodeName, len(want), cfg)
+	return c.waitDevices(ctx, cfg, want, alive)
+}
+
+// UpgradePlugin changes the configuration of the chart's kubelet plugin
+// with a plain `helm upgrade` (chart mode only): unlike StartPluginWith it
+// does not force a restart, so the DaemonSet replaces its pod only when the
+// rendered pod template changed. It returns once the new pod runs, the
+// kubelet registered the driver after the upgrade and the published devices
+// are those of cfg.
+func (c *Cluster) UpgradePlugin(ctx context.Context, cfg PluginConfig) error {
+	if !c.ChartMode() {
+		return fmt.Errorf("UpgradePlugin needs install mode %s (this cluster: %s)", InstallChart, c.Opts.Install)
 	}
-	return c.waitFor(ctx, what, 60*time.Second, alive, func() (bool, error) {
-		got, err := c.PublishedDevices(ctx)
-		if err != nil || got == nil {
-			return false, nil
-		}
-		return want == nil || slices.Equal(got, want), nil
-	})
+	if cfg.Profile == "" {
+		cfg.Profile = DefaultProfile
+	}
+	return c.startPluginChart(ctx, cfg, false)
 }
 
 // Plugin is the configuration the kubelet plugin was last started with by
@@ -174,9 +198,16 @@ func (c *Cluster) pluginArgs(cfg PluginConfig) []string {
 // expectedDevices runs the built plugin with --print-slices and returns the
 // sorted names of the devices it would publish.
 func (c *Cluster) expectedDevices(ctx context.Context, args []string) ([]string, error) {
+	return c.printSlicesDevices(ctx, c.PluginBinary(), args)
+}
+
+// printSlicesDevices runs a plugin binary on the host with args plus
+// --print-slices and returns the sorted names of the devices it would
+// publish.
+func (c *Cluster) printSlicesDevices(ctx context.Context, bin string, args []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, c.PluginBinary(), append(slices.Clone(args), "--print-slices")...)
+	cmd := exec.CommandContext(ctx, bin, append(slices.Clone(args), "--print-slices")...)
 	cmd.Env = []string{c.hostPath()}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -245,9 +276,20 @@ func (c *Cluster) PublishedDevices(ctx context.Context) ([]string, error) {
 }
 
 // KillPlugin ends the kubelet plugin with SIGKILL, without a chance to clean
-// up: what a crash or an OOM kill does. Restart it with StartPluginWith
-// (for example with c.Plugin()).
+// up: what a crash or an OOM kill does.
+//
+// In host mode the plugin is then gone; restart it with StartPluginWith
+// (for example with c.Plugin()). In chart mode the process of the plugin's
+// container (found through containerd from the container ID the pod
+// reports, and signalled by PID) is killed and KillPlugin waits until the
+// kubelet has restarted the container, the kubelet registered the driver
+// again and the published devices are the configuration's.
 func (c *Cluster) KillPlugin() error {
+	if c.ChartMode() {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		return c.killPluginChart(ctx)
+	}
 	pid, exe, err := readPidFile(c.pidFile(compPlugin))
 	if err != nil {
 		return fmt.Errorf("%s: %w", compPlugin, err)
@@ -278,15 +320,33 @@ func (c *Cluster) WaitClaimsUnprepared(ctx context.Context, timeout time.Duratio
 	})
 }
 
-// StopPlugin stops the kubelet plugin if it runs. Claims it prepared stay
-// prepared; delete their pods first to have them unprepared.
+// StopPlugin stops the kubelet plugin if it runs as a host process. Claims
+// it prepared stay prepared; delete their pods first to have them
+// unprepared. (In chart mode the plugin's pod goes at teardown, after every
+// other pod.)
 func (c *Cluster) StopPlugin() error { return c.stop(compPlugin, 15*time.Second) }
 
-// StartController builds ./cmd/controller and runs it as a host process
-// (`--kubeconfig=<admin> -v=4` plus Options.ControllerArgs). Readiness is
-// only that it is still running after two seconds.
+// CRDsDir holds the CustomResourceDefinitions (the Queue) that host mode
+// applies before it starts the controller; in chart mode the chart installs
+// its copy (deployments/helm/tessera/crds).
+const CRDsDir = "deployments/crds"
+
+// StartController starts Tessera's controller and waits until it is ready.
+//
+// In host mode it applies CRDsDir, builds ./cmd/controller and runs it as
+// a host process (`--kubeconfig=<admin> -v=4` plus Options.ControllerArgs);
+// readiness is only that it is still running after two seconds. In chart
+// mode it enables the controller in the release (`helm upgrade`, which
+// leaves the plugin's pod alone) and waits until the Deployment is
+// available and the webhook configurations carry the controller's CA.
 func (c *Cluster) StartController(ctx context.Context) error {
+	if c.ChartMode() {
+		return c.startControllerChart(ctx)
+	}
 	if err := c.stop(compController, 15*time.Second); err != nil {
+		return err
+	}
+	if err := c.applyCRDs(ctx); err != nil {
 		return err
 	}
 	bin := filepath.Join(c.Dirs.Bin, compController)
@@ -304,6 +364,23 @@ func (c *Cluster) StartController(ctx context.Context) error {
 	case <-time.After(2 * time.Second):
 	}
 	return c.checkAlive(compController)
+}
+
+// applyCRDs applies CRDsDir (server-side: the CRDs are too large for the
+// last-applied annotation) and waits until they are established.
+func (c *Cluster) applyCRDs(ctx context.Context) error {
+	dir := filepath.Join(c.Opts.RepoRoot, CRDsDir)
+	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if len(files) == 0 {
+		return nil
+	}
+	out, err := c.Kubectl(ctx, "apply", "--server-side", "--force-conflicts", "-f", dir)
+	if err != nil {
+		return err
+	}
+	c.logf("applied %s: %s", CRDsDir, strings.Join(strings.Fields(out), " "))
+	_, err = c.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "-f", dir)
+	return err
 }
 
 func fileSize(path string) int64 {
@@ -336,5 +413,11 @@ func kubeletLogShowsConnected(path string, offset int64) bool {
 	return false
 }
 
-// PluginRunning tells whether the Tessera kubelet plugin runs.
-func (c *Cluster) PluginRunning() bool { return c.running(compPlugin) }
+// PluginRunning tells whether the Tessera kubelet plugin runs: its host
+// process, or in chart mode the container of the DaemonSet's pod.
+func (c *Cluster) PluginRunning() bool {
+	if c.ChartMode() {
+		return c.chartPluginRunning(context.Background())
+	}
+	return c.running(compPlugin)
+}

@@ -39,6 +39,7 @@ func (c *Cluster) start(name, bin string, args, env []string) error {
 	// A process group of its own: a ^C in the terminal reaches only the
 	// harness, which then tears the cluster down in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	closeInheritedFDs()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
@@ -53,6 +54,23 @@ func (c *Cluster) start(name, bin string, args, env []string) error {
 	}
 	c.logf("started %s (pid %d, log %s)", name, cmd.Process.Pid, c.LogPath(name))
 	return nil
+}
+
+// closeInheritedFDs marks every descriptor above stderr close-on-exec, so
+// that components do not inherit what the harness itself inherited (Go
+// opens its own files close-on-exec, but not those a parent passed on):
+// a lock held by a wrapper such as `flock <lock> go run ./hack/localcluster
+// up` must end with the harness, not live on in the cluster's daemons.
+func closeInheritedFDs() {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
 }
 
 // checkAlive returns an error when a component started by this Cluster value

@@ -19,9 +19,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// DriverNamespaces hold the driver's own pods, which teardown deletes after
-// every other pod (their plugin must unprepare the others' claims first).
-var DriverNamespaces = []string{"tessera-system"}
+// DriverNamespaces hold the driver's own pods (in chart mode the plugin's
+// DaemonSet pod and the controller's), which teardown deletes after every
+// other pod (their plugin must unprepare the others' claims first). The
+// release's namespaced objects go with them; the cluster-scoped ones
+// (DeviceClasses, the Queue CRD, webhook configurations) with etcd's data.
+var DriverNamespaces = []string{ChartNamespace}
 
 // Down stops every component and removes all state of the cluster: no
 // process, mount, cgroup, socket, CDI spec of Tessera or kubelet state is left.
@@ -60,9 +63,12 @@ func (c *Cluster) Down() error {
 	for _, n := range []string{compController, compCM, compScheduler} {
 		note(c.stop(n, 10*time.Second))
 	}
-	// 2. Pods, while kubelet and plugin still run; the driver's own last.
+	// 2. Pods, while kubelet and plugin still run; the driver's own last
+	// (kube-controller-manager is stopped: no DaemonSet or ReplicaSet
+	// recreates them).
 	if c.running(compAPIServer) && c.running(compKubelet) {
 		note(c.deletePods(ctx, false))
+		c.saveDriverPodLogs() // the kubelet may drop them with the pods
 		note(c.deletePods(ctx, true))
 	}
 	// 3. The plugin, then 4. kubelet, API server, etcd.
@@ -77,6 +83,10 @@ func (c *Cluster) Down() error {
 		c.deleteTasks(ctx)
 	}
 	note(c.stop(compContainerd, 15*time.Second))
+	// The chart's container logs live in the kubelet's pod log directory,
+	// which goes below: keep a copy with the component logs (again: the
+	// driver pods may have logged their shutdown since).
+	c.saveDriverPodLogs()
 	// 5. Shims are re-parented to PID 1 and outlive containerd.
 	note(c.killShims())
 	killCgroupProcs()
@@ -139,7 +149,7 @@ func (c *Cluster) deletePods(ctx context.Context, driverPods bool) error {
 	if pods, _ := list(); len(pods) > 0 {
 		return fmt.Errorf("%d pod(s) still exist 90s after deletion", len(pods))
 	}
-	if !driverPods && c.running(compPlugin) {
+	if !driverPods && (c.running(compPlugin) || c.driverPluginPodRunning(ctx)) {
 		// The plugin removes a claim's CDI spec when the kubelet unprepares it.
 		deadline := time.Now().Add(30 * time.Second)
 		for len(tesseraCDISpecs()) > 0 && time.Now().Before(deadline) {
@@ -150,6 +160,27 @@ func (c *Cluster) deletePods(ctx context.Context, driverPods bool) error {
 		}
 	}
 	return nil
+}
+
+// driverPluginPodRunning tells whether a pod of the chart's kubelet plugin
+// runs its container (whatever this Cluster value installed: Down also
+// runs on a fresh handle).
+func (c *Cluster) driverPluginPodRunning(ctx context.Context) bool {
+	if c.Client == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pods, err := c.driverPods(ctx, "kubelet-plugin")
+	if err != nil {
+		return false
+	}
+	for i := range pods {
+		if cs := containerStatus(&pods[i], pluginContainer); cs != nil && cs.State.Running != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // tesseraCDISpecs lists the CDI spec files Tessera's plugin wrote.

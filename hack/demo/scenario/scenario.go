@@ -104,8 +104,14 @@ var Scenarios = []Scenario{
 	{
 		// The controller's scenario (queues and a gang); runs when
 		// demo/queues has YAML files.
-		Name:       "queues",
-		Title:      "two queues sharing a node, and a gang of 4 that starts together",
+		Name:  "queues",
+		Title: "two queues sharing a node, and a gang of 4 that starts together",
+		Story: []string{
+			"Needs Tessera's controller (its webhook gates pods labelled tessera.dev/queue, it admits them by queue",
+			"quota) and the kubelet plugin at --mock-profile=t4:2: one node, two T4s of 15104Mi each (29.5Gi in all).",
+			"Two teams' queues share the node, a gang of 4 waits and then starts together, a reclaim evicts the",
+			"over-quota gang for a pod within its quota, and a limit keeps a pod gated. Steps: demo/queues/README.md.",
+		},
 		Plugin:     localcluster.PluginConfig{Profile: "t4:2"},
 		Controller: true,
 		Optional:   true,
@@ -340,7 +346,9 @@ func containerStates(p *corev1.Pod) string {
 }
 
 // WaitPods waits until the named pods exist and every pod of the namespace
-// meets its expectation. On timeout the error says what each pod waits for,
+// meets its expectation. A pod that is being deleted (evicted by the
+// controller's reclaim, say) and is not named is no longer held to its
+// expectation: it is leaving. On timeout the error says what each pod waits for,
 // with the namespace's warning events.
 func (r *Run) WaitPods(ctx context.Context, named []string) error {
 	timeout := r.StepTimeout
@@ -357,6 +365,9 @@ func (r *Run) WaitPods(ctx context.Context, named []string) error {
 			done := true
 			var waiting []string
 			have := map[string]bool{}
+			pods.Items = slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool {
+				return p.DeletionTimestamp != nil && !slices.Contains(named, p.Name)
+			})
 			for i := range pods.Items {
 				p := &pods.Items[i]
 				have[p.Name] = true
@@ -513,6 +524,9 @@ func (r *Run) Placements(ctx context.Context) ([]Placement, error) {
 				continue
 			}
 			c, err := r.Client.ResourceV1().ResourceClaims(r.Namespace).Get(ctx, *st.ResourceClaimName, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) && (p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed) {
+				continue // the pod ended or is leaving: the claim made for it is gone
+			}
 			if err != nil {
 				return nil, err
 			}

@@ -81,7 +81,11 @@ func (r *Run) Show(ctx context.Context, pls []Placement) {
 			}
 		}
 		if n == 0 {
-			fmt.Fprintf(tw, "    %s\t%s\t(no device allocated yet)\t\t\t\t\n", pl.Pod.Name, phase)
+			what := "(no device allocated yet)"
+			if pl.Pod.Status.Phase == corev1.PodSucceeded || pl.Pod.Status.Phase == corev1.PodFailed {
+				what = "(ended: its claim was released)"
+			}
+			fmt.Fprintf(tw, "    %s\t%s\t%s\t\t\t\t\n", pl.Pod.Name, phase, what)
 		}
 	}
 	tw.Flush()
