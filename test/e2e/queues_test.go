@@ -1,0 +1,109 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-dev/tessera/hack/demo/scenario"
+)
+
+// TestDemoQueues runs demo/queues with the controller installed: the
+// webhook gates labelled pods, two teams share the node, the gang of 4
+// waits until all four members fit and then starts together, a reclaim
+// evicts the over-quota gang whole for a pod within its team's quota, and a
+// limit keeps a pod gated with the numbers in its condition. Every step's
+// expectations (the pods' demo.tessera.dev/expect annotations) are checked
+// by the scenario runner as it applies the files; the final state is
+// checked here.
+func TestDemoQueues(t *testing.T) {
+	s, ok := scenario.Find("queues")
+	if !ok {
+		t.Fatal("no scenario queues")
+	}
+	usePlugin(t, s.Plugin)
+	if err := cluster.StartController(t.Context()); err != nil {
+		t.Fatalf("starting the controller: %v", err)
+	}
+	t.Cleanup(func() {
+		// Queues are cluster-scoped: children before their parent.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if out, err := cluster.Kubectl(ctx, "delete", "queues", "team-a", "team-b", "--ignore-not-found", "--wait"); err != nil {
+			t.Logf("deleting the demo's queues: %v: %s", err, out)
+		}
+		_, _ = cluster.Kubectl(ctx, "delete", "queue", "lab", "--ignore-not-found")
+	})
+	ns := newNamespace(t)
+	r := scenario.NewRun(scenarioEnv(t), s, ns)
+	if err := r.Apply(t.Context()); err != nil {
+		t.Fatalf("applying demo/queues: %v", err)
+	}
+	pls := placements(t, r)
+
+	for _, name := range []string{"b-1", "a-2"} {
+		pl, ok := pls[name]
+		if !ok || pl.Pod.Status.Phase != corev1.PodRunning {
+			t.Errorf("%s should run at the end (b-1 within team-b's quota is never reclaimed; a-2 runs after the reclaim): %+v", name, ok)
+		}
+	}
+	for _, name := range []string{"train-0", "train-1", "train-2", "train-3"} {
+		if pl, ok := pls[name]; ok && pl.Pod.Status.Phase == corev1.PodRunning && pl.Pod.DeletionTimestamp == nil {
+			t.Errorf("gang member %s still runs: the reclaim should have evicted the gang whole", name)
+		}
+		if !hasEvent(t.Context(), ns, name, "Reclaimed") {
+			t.Errorf("gang member %s has no Reclaimed event", name)
+		}
+	}
+	a3, err := cluster.Client.CoreV1().Pods(ns).Get(t.Context(), "a-3", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !gated(a3) {
+		t.Errorf("a-3 would break team-a's limit and must stay gated; gates: %v", a3.Spec.SchedulingGates)
+	}
+	want := "queue team-a: needs 8Gi gpu memory; quota 12Gi, in use 8Gi, limit 12Gi"
+	if msg := admissionMessage(a3); !strings.Contains(msg, want) {
+		t.Errorf("a-3's tessera.dev/Admission condition says %q, want it to contain %q", msg, want)
+	}
+	var files []string
+	for _, name := range []string{"b-1", "a-2"} {
+		for _, c := range pls[name].Claims {
+			files = append(files, hostFilesOfClaim(t, c.UID)...)
+		}
+	}
+	cleanupAndCheck(t, r, files)
+}
+
+func gated(p *corev1.Pod) bool {
+	for _, g := range p.Spec.SchedulingGates {
+		if g.Name == "tessera.dev/admission" {
+			return true
+		}
+	}
+	return false
+}
+
+func admissionMessage(p *corev1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == "tessera.dev/Admission" {
+			return c.Message
+		}
+	}
+	return ""
+}
+
+func hasEvent(ctx context.Context, ns, pod, reason string) bool {
+	for _, e := range podEvents(ctx, ns, pod) {
+		if e.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
