@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -61,17 +62,18 @@ func TestDemoQueues(t *testing.T) {
 			t.Errorf("gang member %s has no Reclaimed event", name)
 		}
 	}
-	a3, err := cluster.Client.CoreV1().Pods(ns).Get(t.Context(), "a-3", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !gated(a3) {
-		t.Errorf("a-3 would break team-a's limit and must stay gated; gates: %v", a3.Spec.SchedulingGates)
-	}
+	// The controller explains a waiting pod in its next decision cycle.
 	want := "queue team-a: needs 8Gi gpu memory; quota 12Gi, in use 8Gi, limit 12Gi"
-	if msg := admissionMessage(a3); !strings.Contains(msg, want) {
-		t.Errorf("a-3's tessera.dev/Admission condition says %q, want it to contain %q", msg, want)
-	}
+	waitFor(t, time.Minute, "a-3 gated with the reason "+want, func(ctx context.Context) (bool, error) {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "a-3", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if gated(p) && strings.Contains(admissionMessage(p), want) {
+			return true, nil
+		}
+		return false, fmt.Errorf("a-3 gates %v, tessera.dev/Admission condition %q", p.Spec.SchedulingGates, admissionMessage(p))
+	})
 	var files []string
 	for _, name := range []string{"b-1", "a-2"} {
 		for _, c := range pls[name].Claims {
