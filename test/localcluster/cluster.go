@@ -504,7 +504,11 @@ func (c *Cluster) up(ctx context.Context) error {
 			return err
 		}
 	} else {
-		c.logf("not starting the Tessera kubelet plugin (mode %s; ./cmd/kubelet-plugin has no Go sources yet or it was turned off)", c.Opts.Plugin)
+		if c.Opts.Plugin == PluginOff {
+			c.logf("Tessera's kubelet plugin is not started with the cluster (the caller starts it with the configuration it needs)")
+		} else {
+			c.logf("not starting Tessera's kubelet plugin: ./cmd/kubelet-plugin has no Go sources")
+		}
 	}
 	if c.Opts.Controller {
 		if err := c.StartController(ctx); err != nil {

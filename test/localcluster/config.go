@@ -148,12 +148,15 @@ evictionHard:
   imagefs.available: "1%%"
 serializeImagePulls: false
 clusterDomain: cluster.local
+clusterDNS: ["127.0.0.1"]
 resolvConf: %q
 podLogsDir: %q
 featureGates:
 %s`, KubeletPort, KubeletHealthzPort, c.pki.caCert, c.Dirs.ContainerdSocket, c.Dirs.ContainerdSocket, c.resolvConf(), c.podLogsDir(), gates.String())
 	// Pods resolve names against 127.0.0.1 (where nothing answers) instead
 	// of the host's resolvers: nothing in the cluster may dial off the machine.
+	// clusterDNS says the same for ClusterFirst pods (without it the kubelet
+	// warns MissingClusterDNS on every pod; there is no cluster DNS here).
 	if err := os.WriteFile(c.resolvConf(), []byte("nameserver 127.0.0.1\n"), 0o644); err != nil {
 		return err
 	}
