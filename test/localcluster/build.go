@@ -259,21 +259,9 @@ func buildOnce(ctx context.Context, logf Logf, component, version, dst string, p
 
 	start := time.Now()
 	logf("building %s %s into %s (%s; log: %s)", component, version, dst, hint, logPath)
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(30 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				logf("  still building %s %s (%s elapsed)", component, version, time.Since(start).Round(time.Second))
-			}
-		}
-	}()
+	stop := progress(30*time.Second, func(elapsed time.Duration) {
+		logf("  still building %s %s (%s elapsed)", component, version, elapsed.Round(time.Second))
+	})
 	run := func(name string, args ...string) error {
 		fmt.Fprintf(logFile, "+ %s %s\n", name, strings.Join(args, " "))
 		cmd := exec.CommandContext(ctx, name, args...)
@@ -288,8 +276,7 @@ func buildOnce(ctx context.Context, logf Logf, component, version, dst string, p
 		return nil
 	}
 	err = build(work, out, run)
-	close(stop)
-	<-done
+	stop()
 	if err != nil {
 		return err
 	}
@@ -373,4 +360,25 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// progress calls report with the time elapsed every interval until the
+// returned stop is called; stop returns once no report runs any more.
+func progress(every time.Duration, report func(elapsed time.Duration)) (stop func()) {
+	start := time.Now()
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				report(time.Since(start))
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
 }

@@ -157,26 +157,16 @@ func (c *Cluster) ensureImage(ctx context.Context) (*builtImage, error) {
 		archive := filepath.Join(c.Dirs.Images, "tessera.tar")
 		start := time.Now()
 		c.logf("building image %s (hack/image: kubelet plugin with cgo, static controller; no Docker)", helm.LocalClusterImage)
-		done := make(chan struct{})
-		go func() {
-			t := time.NewTicker(30 * time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-done:
-					return
-				case <-t.C:
-					c.logf("  still building the image (%s; a cold Go build cache takes minutes)", time.Since(start).Round(time.Second))
-				}
-			}
-		}()
+		stop := progress(30*time.Second, func(elapsed time.Duration) {
+			c.logf("  still building the image (%s; a cold Go build cache takes minutes)", elapsed.Round(time.Second))
+		})
 		res, err := imagebuild.Build(ctx, imagebuild.Options{
 			RepoRoot: c.Opts.RepoRoot,
 			Tag:      helm.LocalClusterImage,
 			Output:   archive,
 			Logf:     func(f string, a ...any) { c.logf("  image: "+f, a...) },
 		})
-		close(done)
+		stop()
 		if err != nil {
 			return nil, fmt.Errorf("building the image: %w", err)
 		}

@@ -633,21 +633,9 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 func (c *Cluster) goBuild(ctx context.Context, out, pkg string) error {
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 	cmd.Dir = c.Opts.RepoRoot
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		start := time.Now()
-		t := time.NewTicker(20 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				c.logf("  still building %s (%s elapsed; a cold Go build cache takes minutes)", pkg, time.Since(start).Round(time.Second))
-			}
-		}
-	}()
+	defer progress(20*time.Second, func(elapsed time.Duration) {
+		c.logf("  still building %s (%s elapsed; a cold Go build cache takes minutes)", pkg, elapsed.Round(time.Second))
+	})()
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build -o %s %s: %w\n%s", out, pkg, err, b)
 	}
