@@ -4,7 +4,7 @@
 //
 //	go run ./hack/sim --trace showdown --nodes 1xt4
 //	go run ./hack/sim --trace mixed --jobs 1000 --nodes '12xdgxh100;12xdgxa100;40xt4:4'
-//	go run ./hack/sim --trace bench/mixed-1000.csv --nodes ...
+//	go run ./hack/sim --trace bench/mixed-1000.csv --nodes ... --queues 'training=1Ti:2Ti;inference=:'
 package main
 
 import (
@@ -22,6 +22,8 @@ func main() {
 	jobs := flag.Int("jobs", 1000, "jobs in a generated mixed trace")
 	seed := flag.Uint64("seed", 1, "seed of the generated trace")
 	nodes := flag.String("nodes", "1xt4", "node groups <count>x<mock profile>, separated by ';'")
+	kind := flag.String("kind", "", "replay only the jobs of this kind (e.g. inference)")
+	queues := flag.String("queues", "", "put jobs behind the controller's queues: <kind>=<quota>:<limit> of GPU memory, separated by ';' (other kinds go to queue default)")
 	writeTrace := flag.String("write-trace", "", "write the trace as CSV to this file and exit")
 	flag.Parse()
 
@@ -36,6 +38,9 @@ func main() {
 		if js, err = sim.ReadCSV(*trace); err != nil {
 			fail(err)
 		}
+	}
+	if *kind != "" {
+		js = sim.Filter(js, *kind)
 	}
 	if *writeTrace != "" {
 		f, err := os.Create(*writeTrace)
@@ -52,14 +57,16 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	var results []sim.Result
-	start := time.Now()
-	for _, p := range sim.Policies {
-		r, err := sim.Run(context.Background(), groups, js, p)
-		if err != nil {
+	cl := sim.Cluster{Nodes: groups}
+	if *queues != "" {
+		if cl.Queues, err = sim.ParseQueues(*queues); err != nil {
 			fail(err)
 		}
-		results = append(results, r)
+	}
+	start := time.Now()
+	results, err := sim.RunPolicies(context.Background(), cl, js)
+	if err != nil {
+		fail(err)
 	}
 	fmt.Printf("Trace %s (%d jobs) on %s, simulated in %s:\n\n", *trace, len(js), *nodes, time.Since(start).Round(time.Millisecond))
 	sim.WriteMarkdown(os.Stdout, results)

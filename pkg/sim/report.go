@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"io"
+	"time"
 )
 
 // WriteMarkdown prints results as a Markdown table, with ratios against the
@@ -14,8 +15,16 @@ func WriteMarkdown(w io.Writer, results []Result) {
 			base = r
 		}
 	}
-	fmt.Fprintln(w, "| policy | placed | pending | GPUs used | lower bound | GPUs / bound | pods per GPU | vs whole GPU | memory allocated / available | pods over GPU memory |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	queued := false
+	for _, r := range results {
+		queued = queued || r.AdmissionTime > 0
+	}
+	head, rule := "| policy | placed | pending |", "|---|---:|---:|"
+	if queued {
+		head, rule = head+" held by queues | admission cycle |", rule+"---:|---:|"
+	}
+	fmt.Fprintln(w, head+" GPUs used | lower bound | GPUs / bound | pods per GPU | vs whole GPU | memory allocated / available | pods over GPU memory |")
+	fmt.Fprintln(w, rule+"---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range results {
 		bound := "-"
 		if r.LowerBound > 0 {
@@ -25,7 +34,11 @@ func WriteMarkdown(w io.Writer, results []Result) {
 		if base.PodsPerGPU() > 0 {
 			vs = fmt.Sprintf("%.2fx", r.PodsPerGPU()/base.PodsPerGPU())
 		}
-		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %s | %.2f | %s | %.0f%% | %d |\n",
-			r.Policy, r.Placed, r.Pending, r.GPUsUsed, r.LowerBound, bound, r.PodsPerGPU(), vs, 100*r.Utilization(), r.OverCommitted)
+		fmt.Fprintf(w, "| %s | %d | %d |", r.Policy, r.Placed, r.Pending)
+		if queued {
+			fmt.Fprintf(w, " %d | %s |", r.HeldByQueue, r.AdmissionTime.Round(time.Millisecond))
+		}
+		fmt.Fprintf(w, " %d | %d | %s | %.2f | %s | %.0f%% | %d |\n",
+			r.GPUsUsed, r.LowerBound, bound, r.PodsPerGPU(), vs, 100*r.Utilization(), r.OverCommitted)
 	}
 }

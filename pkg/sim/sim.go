@@ -9,7 +9,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"golang.org/x/sync/errgroup"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -80,6 +82,11 @@ type Result struct {
 	MemAvailable uint64
 	// Demand is the memory the placed pods asked for.
 	Demand uint64
+	// HeldByQueue counts the pending pods a queue holds back (its quota
+	// or limit), when the run has queues.
+	HeldByQueue int
+	// AdmissionTime is how long the admission cycle took.
+	AdmissionTime time.Duration
 	// OverCommitted counts pods on GPUs whose pods together use more memory
 	// than the GPU has (they would hit out-of-memory).
 	OverCommitted int
@@ -120,10 +127,18 @@ type simNode struct {
 	// before the (much more expensive) allocator runs.
 	free map[int]uint64
 	mig  bool
+	// failedAt is the smallest request the allocator could not place on
+	// the node since its last allocation (0: none). Every policy's claim
+	// is harder to satisfy the larger the request, so larger requests are
+	// not tried again until the node changes.
+	failedAt uint64
 }
 
 // mayFit is a necessary condition for the job to fit on the node.
 func (n *simNode) mayFit(policy Policy, job Job) bool {
+	if n.failedAt != 0 && job.Request >= n.failedAt {
+		return false
+	}
 	for g, free := range n.free {
 		switch policy {
 		case WholeGPU:
@@ -143,16 +158,45 @@ func (n *simNode) mayFit(policy Policy, job Job) bool {
 	return false
 }
 
+// Cluster is what a trace is replayed against: nodes, and optionally the
+// controller's queues.
+type Cluster struct {
+	Nodes []NodeGroup
+	// Queues, when set, put every job behind the controller's admission:
+	// jobs go to the queue named like their kind (else DefaultQueue), one
+	// decision cycle of the real admission engine decides which start, and
+	// those are placed in the order the controller ungates them.
+	Queues []QueueSpec
+}
+
+// RunPolicies runs the trace under every policy of Policies, in parallel
+// (the runs share nothing), and returns the results in that order.
+func RunPolicies(ctx context.Context, cl Cluster, jobs []Job) ([]Result, error) {
+	results := make([]Result, len(Policies))
+	g, ctx := errgroup.WithContext(ctx)
+	for i, p := range Policies {
+		g.Go(func() error {
+			r, err := Run(ctx, cl, jobs, p)
+			if err != nil {
+				return fmt.Errorf("%s: %w", p, err)
+			}
+			results[i] = r
+			return nil
+		})
+	}
+	return results, g.Wait()
+}
+
 // Run places jobs in order; each job goes to the first node where the
 // scheduler's allocator finds a device (nodes in the given order).
-func Run(ctx context.Context, groups []NodeGroup, jobs []Job, policy Policy) (Result, error) {
+func Run(ctx context.Context, cl Cluster, jobs []Job, policy Policy) (Result, error) {
 	res := Result{Policy: policy, Jobs: len(jobs)}
 	classes, err := loadClasses()
 	if err != nil {
 		return res, err
 	}
 	var nodes []*simNode
-	for _, g := range groups {
+	for _, g := range cl.Nodes {
 		for range g.Count {
 			n, err := newNode(ctx, fmt.Sprintf("node-%03d", len(nodes)), g.Profile, policy, classes)
 			if err != nil {
@@ -164,9 +208,22 @@ func Run(ctx context.Context, groups []NodeGroup, jobs []Job, policy Policy) (Re
 	migSizes := migMemorySizes(nodes)
 	usage := map[gpuKey]uint64{}
 	podsOn := map[gpuKey]int{}
-	var placedDemand uint64
+	claims := make([]*resourceapi.ResourceClaim, len(jobs))
+	order := make([]int, len(jobs))
 	for i, job := range jobs {
-		claim := claimFor(policy, job, i, migSizes)
+		claims[i], order[i] = claimFor(policy, job, i, migSizes), i
+	}
+	if len(cl.Queues) > 0 {
+		a, err := admit(ctx, nodes, jobs, claims, cl.Queues, classes)
+		if err != nil {
+			return res, err
+		}
+		order, res.HeldByQueue, res.AdmissionTime = a.order, a.held, a.took
+		res.Pending = len(jobs) - len(order)
+	}
+	var placedDemand uint64
+	for _, i := range order {
+		job, claim := jobs[i], claims[i]
 		placed := false
 		for ni, n := range nodes {
 			if !n.mayFit(policy, job) {
@@ -177,8 +234,12 @@ func Run(ctx context.Context, groups []NodeGroup, jobs []Job, policy Policy) (Re
 				return res, fmt.Errorf("job %s on %s: %w", job.Name, n.name, err)
 			}
 			if results == nil {
+				if n.failedAt == 0 || job.Request < n.failedAt {
+					n.failedAt = job.Request
+				}
 				continue
 			}
+			n.failedAt = 0
 			n.state.Add(&results[0])
 			r := results[0].Devices.Results[0]
 			name, err := devicemodel.ParseName(r.Device)
@@ -298,16 +359,26 @@ func claimFor(policy Policy, job Job, i int, migSizes []uint64) *resourceapi.Res
 		req.Exactly = shareRequest(job.Request)
 	case SharesMIG:
 		// The smallest MIG partition that holds the request, else a share.
+		// The list has room for so many sizes; the last MIG entry takes
+		// every larger partition, so that every MIG device that holds the
+		// request stays acceptable.
 		for _, size := range migSizes {
-			if size < job.Request || len(req.FirstAvailable) == resourceapi.FirstAvailableDeviceRequestMaxSize-1 {
+			if size < job.Request {
 				continue
+			}
+			op := "=="
+			if len(req.FirstAvailable) == resourceapi.FirstAvailableDeviceRequestMaxSize-2 {
+				op = ">="
 			}
 			req.FirstAvailable = append(req.FirstAvailable, resourceapi.DeviceSubRequest{
 				Name:            fmt.Sprintf("mig-%d", len(req.FirstAvailable)),
 				DeviceClassName: classMIG,
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf(
-					`device.capacity["gpu.tessera.dev"].memory.compareTo(quantity(%q)) == 0`, quantityString(size))}}},
+					`device.capacity["gpu.tessera.dev"].memory.compareTo(quantity(%q)) %s 0`, quantityString(size), op)}}},
 			})
+			if op == ">=" {
+				break
+			}
 		}
 		share := shareRequest(job.Request)
 		req.FirstAvailable = append(req.FirstAvailable, resourceapi.DeviceSubRequest{

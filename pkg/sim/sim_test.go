@@ -10,7 +10,7 @@ func TestShowdownOnOneT4(t *testing.T) {
 	nodes := []NodeGroup{{Count: 1, Profile: "t4"}}
 	got := map[Policy]Result{}
 	for _, p := range Policies {
-		r, err := Run(ctx, nodes, Showdown(), p)
+		r, err := Run(ctx, Cluster{Nodes: nodes}, Showdown(), p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func TestMixedTraceShort(t *testing.T) {
 	jobs := Generate(80, 1, DefaultMix)
 	results := map[Policy]Result{}
 	for _, p := range Policies {
-		r, err := Run(ctx, nodes, jobs, p)
+		r, err := Run(ctx, Cluster{Nodes: nodes}, jobs, p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,6 +85,68 @@ func TestGenerateIsReproducible(t *testing.T) {
 		}
 		if a[i].Usage*3 > a[i].Request || a[i].Usage*4 < a[i].Request-4 {
 			t.Fatalf("job %+v: usage is not request/3..4", a[i])
+		}
+	}
+}
+
+func TestQueuesHoldWhatTheirLimitDoesNot(t *testing.T) {
+	ctx := context.Background()
+	nodes, err := ParseNodes("2xdgxh100;4xt4:4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	queues, err := ParseQueues("training=64Gi:128Gi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := Generate(60, 1, DefaultMix)
+	var training, trainingDemand int
+	for _, j := range jobs {
+		if j.Kind == "training" {
+			training++
+			trainingDemand += int(j.Request >> 30)
+		}
+	}
+	if trainingDemand <= 128 {
+		t.Fatalf("the trace's training jobs ask for %d GiB: the test needs more than the limit, 128Gi", trainingDemand)
+	}
+	free, err := Run(ctx, Cluster{Nodes: nodes}, jobs, Shares)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued, err := Run(ctx, Cluster{Nodes: nodes, Queues: queues}, jobs, Shares)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free.Pending != 0 || free.HeldByQueue != 0 {
+		t.Fatalf("without queues: %+v, want every job placed", free)
+	}
+	if queued.HeldByQueue == 0 || queued.HeldByQueue >= training {
+		t.Fatalf("with training limited to 128Gi: %d of %d training jobs held, want some but not all", queued.HeldByQueue, training)
+	}
+	if queued.Placed+queued.Pending != len(jobs) || queued.Pending != queued.HeldByQueue {
+		t.Fatalf("with queues: %+v, want only the held jobs pending (the cluster has room)", queued)
+	}
+	if queued.Demand > free.Demand-uint64(trainingDemand-128)<<30 {
+		t.Fatalf("with queues the placed jobs ask for %d GiB, more than the training limit allows", queued.Demand>>30)
+	}
+	if queued.AdmissionTime <= 0 {
+		t.Fatal("admission time not reported")
+	}
+}
+
+func TestParseQueues(t *testing.T) {
+	got, err := ParseQueues("training=1Ti:2Ti; inference=:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []QueueSpec{{Name: "training", Quota: "1Ti", Limit: "2Ti"}, {Name: "inference"}}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for _, in := range []string{"", "training", "training=1Ti", "=1Ti:2Ti", "training=lots:"} {
+		if _, err := ParseQueues(in); err == nil {
+			t.Errorf("ParseQueues(%q) accepted", in)
 		}
 	}
 }

@@ -117,3 +117,14 @@ func ReadCSV(path string) ([]Job, error) {
 	}
 	return jobs, nil
 }
+
+// Filter returns the jobs of one kind.
+func Filter(jobs []Job, kind string) []Job {
+	var out []Job
+	for _, j := range jobs {
+		if j.Kind == kind {
+			out = append(out, j)
+		}
+	}
+	return out
+}

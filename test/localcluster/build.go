@@ -382,3 +382,15 @@ func progress(every time.Duration, report func(elapsed time.Duration)) (stop fun
 	}()
 	return func() { close(quit); <-done }
 }
+
+// BinariesCached reports whether every pinned upstream program is already
+// built, so that bringing a cluster up does not start a long build.
+func BinariesCached() bool {
+	b := binaryPaths()
+	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim} {
+		if _, err := os.Stat(p); err != nil {
+			return false
+		}
+	}
+	return true
+}
