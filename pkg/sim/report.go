@@ -23,8 +23,8 @@ func WriteMarkdown(w io.Writer, results []Result) {
 	if queued {
 		head, rule = head+" held by queues | admission cycle |", rule+"---:|---:|"
 	}
-	fmt.Fprintln(w, head+" GPUs used | lower bound | GPUs / bound | pods per GPU | vs whole GPU | memory allocated / available | pods over GPU memory |")
-	fmt.Fprintln(w, rule+"---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, head+" GPUs used | lower bound | GPUs / bound | pods per GPU | vs whole GPU | memory allocated / available | requested / available | pods over GPU memory |")
+	fmt.Fprintln(w, rule+"---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range results {
 		bound := "-"
 		if r.LowerBound > 0 {
@@ -38,7 +38,7 @@ func WriteMarkdown(w io.Writer, results []Result) {
 		if queued {
 			fmt.Fprintf(w, " %d | %s |", r.HeldByQueue, r.AdmissionTime.Round(time.Millisecond))
 		}
-		fmt.Fprintf(w, " %d | %d | %s | %.2f | %s | %.0f%% | %d |\n",
-			r.GPUsUsed, r.LowerBound, bound, r.PodsPerGPU(), vs, 100*r.Utilization(), r.OverCommitted)
+		fmt.Fprintf(w, " %d | %d | %s | %.2f | %s | %.0f%% | %.0f%% | %d |\n",
+			r.GPUsUsed, r.LowerBound, bound, r.PodsPerGPU(), vs, 100*r.Utilization(), 100*r.RequestedShare(), r.OverCommitted)
 	}
 }

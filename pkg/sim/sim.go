@@ -104,6 +104,15 @@ func (r Result) PodsPerGPU() float64 {
 	return float64(r.Placed) / float64(r.GPUsUsed)
 }
 
+// RequestedShare is the memory the placed pods asked for over the memory
+// of the GPUs they use: what whole-GPU allocation wastes.
+func (r Result) RequestedShare() float64 {
+	if r.MemAvailable == 0 {
+		return 0
+	}
+	return float64(r.Demand) / float64(r.MemAvailable)
+}
+
 // Utilization is allocated over available memory of the used GPUs.
 func (r Result) Utilization() float64 {
 	if r.MemAvailable == 0 {
