@@ -9,10 +9,7 @@ import (
 // prepareLatency runs the plugin's prepare benchmark twice, with the node's
 // directories on the disk and on tmpfs, so that the cost of fsync shows.
 func prepareLatency(_ context.Context, r *report) error {
-	n := "2000x"
-	if r.short {
-		n = "20x"
-	}
+	n := r.iterations("2000x", "20x")
 	disk := goBenchRun{pkg: "./pkg/plugin/", pattern: "PrepareLatency", benchtime: n}
 	tmpfs := disk
 	tmpfs.env = []string{"TESSERA_BENCH_DIR=/dev/shm"}
@@ -55,10 +52,7 @@ func prepareLatency(_ context.Context, r *report) error {
 
 // admissionThroughput runs the controller's admission benchmarks.
 func admissionThroughput(_ context.Context, r *report) error {
-	n := "3x"
-	if r.short {
-		n = "1x"
-	}
+	n := r.iterations("3x", "1x")
 	g := goBenchRun{pkg: "./pkg/admission/", pattern: "Admission|Gang512", benchtime: n}
 	r.printf("\n## Admission\n\n")
 	r.printf("The controller's decision cycle in process (`pkg/admission`, no API server): queues, labelled pods, claims and templates, the shipped DeviceClasses, and ResourceSlices of simulated nodes published exactly as the kubelet plugin publishes them (one `dgxh100` node, 8 x H100 80GB, built by `nvmlmock` → `discover` → `devicemodel` → `publish`, copied under 1,000 node names). Each iteration is one full cycle from a fresh engine: build the queue tree and the device catalog, charge what runs, fair share, order, check limits and quota, simulate every workload's claims with the scheduler's allocator, decide.\n\n")
@@ -86,10 +80,7 @@ func admissionThroughput(_ context.Context, r *report) error {
 
 // publication runs the ResourceSlice publication benchmark.
 func publication(_ context.Context, r *report) error {
-	n := "20x"
-	if r.short {
-		n = "1x"
-	}
+	n := r.iterations("20x", "1x")
 	g := goBenchRun{pkg: "./pkg/publish/", pattern: "Publish", benchtime: n}
 	r.printf("\n## ResourceSlice publication: 8 x H100 with dynamic MIG\n\n")
 	r.printf("Discovery (mock NVML), the device model and rendering of one `dgxh100` node in dynamic MIG mode: every whole GPU with its memory and compute shares, and every MIG placement of every profile, with the counters that keep them exclusive. Objects and JSON bytes are what the API server receives.\n\nCommand: `%s`\n\n", g.command())

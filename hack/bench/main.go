@@ -36,6 +36,15 @@ type report struct {
 	targets []target
 }
 
+// iterations is the -benchtime of a Go benchmark: full, or short in the
+// short run.
+func (r *report) iterations(full, short string) string {
+	if r.short {
+		return short
+	}
+	return full
+}
+
 func (r *report) printf(format string, args ...any) { fmt.Fprintf(&r.body, format, args...) }
 
 func (r *report) target(what, goal, measured string, met bool) {

@@ -176,6 +176,9 @@ type Cluster struct {
 	// decision cycle of the real admission engine decides which start, and
 	// those are placed in the order the controller ungates them.
 	Queues []QueueSpec
+	// exhaustive tries every node for every job, without the pruning of
+	// simNode.mayFit (tests check that pruning changes no placement).
+	exhaustive bool
 }
 
 // RunPolicies runs the trace under every policy of Policies, in parallel
@@ -235,7 +238,7 @@ func Run(ctx context.Context, cl Cluster, jobs []Job, policy Policy) (Result, er
 		job, claim := jobs[i], claims[i]
 		placed := false
 		for ni, n := range nodes {
-			if !n.mayFit(policy, job) {
+			if !cl.exhaustive && !n.mayFit(policy, job) {
 				continue
 			}
 			results, err := n.alloc.Allocate(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, n.state, claim)

@@ -150,3 +150,30 @@ func TestParseQueues(t *testing.T) {
 		}
 	}
 }
+
+// TestPruningChangesNoPlacement replays a trace with the pruning of nodes
+// that cannot fit a job and without it: the results must be the same.
+func TestPruningChangesNoPlacement(t *testing.T) {
+	ctx := context.Background()
+	nodes, err := ParseNodes("1xdgxh100;1xdgxa100;2xt4:4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := Generate(150, 3, DefaultMix)
+	for _, p := range Policies {
+		pruned, err := Run(ctx, Cluster{Nodes: nodes}, jobs, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		full, err := Run(ctx, Cluster{Nodes: nodes, exhaustive: true}, jobs, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pruned != full {
+			t.Errorf("%s: pruned %+v, exhaustive %+v", p, pruned, full)
+		}
+		if p == Shares && full.Pending == 0 {
+			t.Errorf("shares placed every job: the trace does not fill the cluster, so pruning is not exercised")
+		}
+	}
+}
