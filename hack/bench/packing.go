@@ -132,8 +132,8 @@ func packingPlots(r *report, mixedRes, infRes map[sim.Policy]sim.Result, infJobs
 	r.printf("\n### Plots\n")
 	plots := []struct {
 		file, title, y, format string
-		res            []sim.Result
-		value          func(sim.Result) float64
+		res                    []sim.Result
+		value                  func(sim.Result) float64
 	}{
 		{"packing-gpus.png", "Mixed trace, 1,000 jobs: GPUs used (lower is better)", "GPUs", "%.0f", mixed, func(x sim.Result) float64 { return float64(x.GPUsUsed) }},
 		{"packing-memory.png", "Mixed trace: memory the pods request / memory of the GPUs they use", "%", "%.0f%%", mixed, func(x sim.Result) float64 { return 100 * x.RequestedShare() }},
