@@ -47,6 +47,18 @@ func newNamespace(t *testing.T) string {
 			}
 			time.Sleep(250 * time.Millisecond)
 		}
+		// The claims the pods' templates made go with the pods, but
+		// asynchronously. Wait for them, so that the next test starts with
+		// every device free: a claim still allocated takes capacity that
+		// test counts on (the scheduler retries once the claim is gone,
+		// after a backoff that eats into the test's timeouts).
+		for ctx.Err() == nil {
+			claims, err := cluster.Client.ResourceV1().ResourceClaims(ns.Name).List(ctx, metav1.ListOptions{})
+			if err == nil && len(claims.Items) == 0 {
+				break
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
 		_ = cluster.Client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
 	})
 	return ns.Name
