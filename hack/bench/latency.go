@@ -83,7 +83,7 @@ func publication(_ context.Context, r *report) error {
 	n := r.iterations("20x", "1x")
 	g := goBenchRun{pkg: "./pkg/publish/", pattern: "Publish", benchtime: n}
 	r.printf("\n## ResourceSlice publication: 8 x H100 with dynamic MIG\n\n")
-	r.printf("Discovery (mock NVML), the device model and rendering of one `dgxh100` node in dynamic MIG mode: every whole GPU with its memory and compute shares, and every MIG placement of every profile, with the counters that keep them exclusive. Objects and JSON bytes are what the API server receives.\n\nCommand: `%s`\n\n", g.command())
+	r.printf("Discovery (mock NVML), the device model and rendering of one `dgxh100` node in dynamic MIG mode: every whole GPU with its memory and compute shares, and every MIG placement of every profile, with the counters that keep them exclusive. Objects and JSON bytes are what the API server receives; the time is the plugin's own work, without the API writes (the kubelet plugin library's ResourceSlice controller sends them, one create or update per slice that changed).\n\nCommand: `%s`\n\n", g.command())
 	res, err := g.run()
 	if err != nil {
 		return err
