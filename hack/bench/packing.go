@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/tessera-dev/tessera/pkg/sim"
@@ -22,15 +21,17 @@ const (
 // packingRun is one trace replayed under every policy.
 type packingRun struct {
 	title, trace, nodes, queues string
-	jobs                        []sim.Job
+	// kind, when set, replays only the trace's jobs of that kind.
+	kind string
+	jobs []sim.Job
 	// about explains the run, below its title.
 	about string
 }
 
 func (p packingRun) command() string {
 	cmd := fmt.Sprintf("go run ./hack/sim --trace %s --nodes '%s'", p.trace, p.nodes)
-	if strings.HasPrefix(p.title, "Inference") {
-		cmd += " --kind inference"
+	if p.kind != "" {
+		cmd += " --kind " + p.kind
 	}
 	if p.queues != "" {
 		cmd += fmt.Sprintf(" --queues '%s'", p.queues)
@@ -47,7 +48,7 @@ func packing(ctx context.Context, r *report) error {
 		about: "The seeds' example (also `bench/showdown.csv` and `demo/showdown`). Whole GPUs start one pod and leave three pending."}
 	runs := []packingRun{showdown,
 		{title: "Mixed trace: 1,000 jobs on 12 x DGX H100, 12 x DGX A100, 40 x 4-T4 nodes (352 GPUs)", trace: mixedTrace, nodes: mixedCluster, jobs: mixed},
-		{title: "Inference-heavy: the inference jobs of the mixed trace, same cluster", trace: mixedTrace, nodes: mixedCluster, jobs: sim.Filter(mixed, "inference")},
+		{title: "Inference-heavy: the inference jobs of the mixed trace, same cluster", trace: mixedTrace, nodes: mixedCluster, kind: "inference", jobs: sim.Filter(mixed, "inference")},
 		{title: "Mixed trace behind the controller's queues", trace: mixedTrace, nodes: mixedCluster, queues: mixedQueues, jobs: mixed,
 			about: "Each job is a gated pod in the queue of its kind: inference (quota 1Ti, no limit), training (quota 1Ti, limit 2Ti), notebook (quota 256Gi, limit 512Gi) of GPU memory. One decision cycle of the controller's admission engine (`pkg/admission`, the code the controller runs) decides which start; those are placed in the order the controller ungates them. *Held by queues* are pods a queue's limit keeps back although the cluster has room."},
 	}
