@@ -10,10 +10,7 @@ func TestShowdownOnOneT4(t *testing.T) {
 	nodes := []NodeGroup{{Count: 1, Profile: "t4"}}
 	got := map[Policy]Result{}
 	for _, p := range Policies {
-		r, err := Run(ctx, Cluster{Nodes: nodes}, Showdown(), p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := mustRun(t, ctx, Cluster{Nodes: nodes}, Showdown(), p)
 		got[p] = r
 	}
 	if r := got[Shares]; r.Placed != 4 || r.GPUsUsed != 1 || r.LowerBound != 1 || r.OverCommitted != 0 {
@@ -32,17 +29,11 @@ func TestShowdownOnOneT4(t *testing.T) {
 
 func TestMixedTraceShort(t *testing.T) {
 	ctx := context.Background()
-	nodes, err := ParseNodes("2xdgxh100;2xdgxa100;4xt4:4")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nodes := mustParseNodes(t, "2xdgxh100;2xdgxa100;4xt4:4")
 	jobs := Generate(80, 1, DefaultMix)
 	results := map[Policy]Result{}
 	for _, p := range Policies {
-		r, err := Run(ctx, Cluster{Nodes: nodes}, jobs, p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := mustRun(t, ctx, Cluster{Nodes: nodes}, jobs, p)
 		if r.Placed+r.Pending != len(jobs) {
 			t.Fatalf("%s: placed %d + pending %d != %d", p, r.Placed, r.Pending, len(jobs))
 		}
@@ -91,10 +82,7 @@ func TestGenerateIsReproducible(t *testing.T) {
 
 func TestQueuesHoldWhatTheirLimitDoesNot(t *testing.T) {
 	ctx := context.Background()
-	nodes, err := ParseNodes("2xdgxh100;4xt4:4")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nodes := mustParseNodes(t, "2xdgxh100;4xt4:4")
 	queues, err := ParseQueues("training=64Gi:128Gi")
 	if err != nil {
 		t.Fatal(err)
@@ -110,14 +98,8 @@ func TestQueuesHoldWhatTheirLimitDoesNot(t *testing.T) {
 	if trainingDemand <= 128 {
 		t.Fatalf("the trace's training jobs ask for %d GiB: the test needs more than the limit, 128Gi", trainingDemand)
 	}
-	free, err := Run(ctx, Cluster{Nodes: nodes}, jobs, Shares)
-	if err != nil {
-		t.Fatal(err)
-	}
-	queued, err := Run(ctx, Cluster{Nodes: nodes, Queues: queues}, jobs, Shares)
-	if err != nil {
-		t.Fatal(err)
-	}
+	free := mustRun(t, ctx, Cluster{Nodes: nodes}, jobs, Shares)
+	queued := mustRun(t, ctx, Cluster{Nodes: nodes, Queues: queues}, jobs, Shares)
 	if free.Pending != 0 || free.HeldByQueue != 0 {
 		t.Fatalf("without queues: %+v, want every job placed", free)
 	}
@@ -155,20 +137,11 @@ func TestParseQueues(t *testing.T) {
 // that cannot fit a job and without it: the results must be the same.
 func TestPruningChangesNoPlacement(t *testing.T) {
 	ctx := context.Background()
-	nodes, err := ParseNodes("1xdgxh100;1xdgxa100;2xt4:4")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nodes := mustParseNodes(t, "1xdgxh100;1xdgxa100;2xt4:4")
 	jobs := Generate(150, 3, DefaultMix)
 	for _, p := range Policies {
-		pruned, err := Run(ctx, Cluster{Nodes: nodes}, jobs, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		full, err := Run(ctx, Cluster{Nodes: nodes, exhaustive: true}, jobs, p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		pruned := mustRun(t, ctx, Cluster{Nodes: nodes}, jobs, p)
+		full := mustRun(t, ctx, Cluster{Nodes: nodes, exhaustive: true}, jobs, p)
 		if pruned != full {
 			t.Errorf("%s: pruned %+v, exhaustive %+v", p, pruned, full)
 		}
@@ -176,4 +149,22 @@ func TestPruningChangesNoPlacement(t *testing.T) {
 			t.Errorf("shares placed every job: the trace does not fill the cluster, so pruning is not exercised")
 		}
 	}
+}
+
+func mustParseNodes(t *testing.T, s string) []NodeGroup {
+	t.Helper()
+	nodes, err := ParseNodes(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nodes
+}
+
+func mustRun(t *testing.T, ctx context.Context, cl Cluster, jobs []Job, p Policy) Result {
+	t.Helper()
+	r, err := Run(ctx, cl, jobs, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

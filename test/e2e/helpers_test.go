@@ -40,25 +40,34 @@ func newNamespace(t *testing.T) string {
 		defer cancel()
 		grace := int64(2)
 		_ = cluster.Client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &grace}, metav1.ListOptions{})
-		for ctx.Err() == nil {
-			pods, err := cluster.Client.CoreV1().Pods(ns.Name).List(ctx, metav1.ListOptions{})
-			if err == nil && len(pods.Items) == 0 {
-				break
+		// untilNone polls until list finds nothing (or the cleanup's time is up).
+		untilNone := func(list func() (int, error)) {
+			for ctx.Err() == nil {
+				if n, err := list(); err == nil && n == 0 {
+					return
+				}
+				time.Sleep(250 * time.Millisecond)
 			}
-			time.Sleep(250 * time.Millisecond)
 		}
+		untilNone(func() (int, error) {
+			pods, err := cluster.Client.CoreV1().Pods(ns.Name).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return 0, err
+			}
+			return len(pods.Items), nil
+		})
 		// The claims the pods' templates made go with the pods, but
 		// asynchronously. Wait for them, so that the next test starts with
 		// every device free: a claim still allocated takes capacity that
 		// test counts on (the scheduler retries once the claim is gone,
 		// after a backoff that eats into the test's timeouts).
-		for ctx.Err() == nil {
+		untilNone(func() (int, error) {
 			claims, err := cluster.Client.ResourceV1().ResourceClaims(ns.Name).List(ctx, metav1.ListOptions{})
-			if err == nil && len(claims.Items) == 0 {
-				break
+			if err != nil {
+				return 0, err
 			}
-			time.Sleep(250 * time.Millisecond)
-		}
+			return len(claims.Items), nil
+		})
 		_ = cluster.Client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
 	})
 	return ns.Name
