@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/tessera-dev/tessera/pkg/cli"
 	"github.com/tessera-dev/tessera/pkg/controller"
 )
 
@@ -25,17 +25,8 @@ func main() {
 	var opts controller.Options
 	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: controller [flags]\n\nTessera's queue controller: admits pods labelled tessera.dev/queue by queue quota, fair\nshare and an all-or-nothing simulation of their claims with the scheduler's allocator.\n\nFlags:\n%s", fs.FlagUsages())
-	}
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if err == pflag.ErrHelp {
-			os.Exit(0)
-		}
-		os.Exit(2)
+	if code, ok := cli.Parse(fs, "Tessera's queue controller: admits pods labelled tessera.dev/queue by queue quota, fair\nshare and an all-or-nothing simulation of their claims with the scheduler's allocator.", os.Args[1:], os.Stderr); !ok {
+		os.Exit(code)
 	}
 	opts.Complete(fs.Changed)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

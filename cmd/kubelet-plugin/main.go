@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -13,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/pkg/cli"
 	"github.com/tessera-dev/tessera/pkg/plugin"
 )
 
@@ -20,17 +20,8 @@ func main() {
 	var opts plugin.Options
 	fs := pflag.NewFlagSet("kubelet-plugin", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: kubelet-plugin [flags]\n\nTessera's DRA kubelet plugin for driver gpu.tessera.dev: discovers GPUs, publishes\nResourceSlices and prepares claims into per-claim CDI specs.\n\nFlags:\n%s", fs.FlagUsages())
-	}
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if err == pflag.ErrHelp {
-			os.Exit(0)
-		}
-		os.Exit(2)
+	if code, ok := cli.Parse(fs, "Tessera's DRA kubelet plugin for driver gpu.tessera.dev: discovers GPUs, publishes\nResourceSlices and prepares claims into per-claim CDI specs.", os.Args[1:], os.Stderr); !ok {
+		os.Exit(code)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -61,6 +61,10 @@ type Driver struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// healthServer answers the probes (nil without --healthcheck-port).
+	healthServer *healthServer
+
+	mu sync.Mutex
 	// fatal is the error that stopped the plugin, if any.
 	fatal error
 }
@@ -85,6 +89,12 @@ func Run(ctx context.Context, o *Options) error {
 	case <-d.ctx.Done():
 	}
 	d.Stop()
+	return d.fatalErr()
+}
+
+func (d *Driver) fatalErr() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	return d.fatal
 }
 
@@ -165,20 +175,16 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 		path := filepath.Join(bo.MockStateDir, nvmlmock.InjectFileName)
 		d.goRun(func() { be.Mock.WatchInjectFile(ctx, path, injectInterval) })
 	}
-	helper, err := kubeletplugin.Start(ctx, d,
-		kubeletplugin.DriverName(devicemodel.DriverName),
-		kubeletplugin.KubeClient(client),
-		kubeletplugin.NodeName(o.NodeName),
-		kubeletplugin.RegistrarDirectoryPath(o.RegistrarDir),
-		kubeletplugin.PluginDataDirectoryPath(o.PluginDataDir),
-		kubeletplugin.CDIDirectory(o.CDIRoot),
-		// Prepare serializes per claim and per GPU itself.
-		kubeletplugin.Serialize(false),
-	)
+	helper, err := kubeletplugin.Start(ctx, d, d.pluginOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	d.helper = helper
+	if o.HealthcheckPort >= 0 {
+		if d.healthServer, err = startHealthServer(ctx, d, o.HealthcheckAddress, o.HealthcheckPort); err != nil {
+			return nil, err
+		}
+	}
 	// Publishing starts in the background: the ResourceSlice controller
 	// takes a second to sync its informer, and a restarted plugin must
 	// answer the kubelet for claims prepared earlier without that delay.
@@ -203,11 +209,47 @@ func (d *Driver) goRun(f func()) {
 // Stop stops serving and waits for background work to end.
 func (d *Driver) Stop() {
 	d.cancel()
+	if d.healthServer != nil {
+		d.healthServer.stop()
+	}
 	if d.helper != nil {
 		d.helper.Stop()
 	}
 	d.wg.Wait()
 	d.backend.Shutdown()
+}
+
+// pluginOptions configure the kubelet plugin library. Alone, the plugin
+// prepares claims in parallel (it serializes per claim and per GPU
+// itself). With --pod-uid the library's rolling-update mode lets an old
+// and a new plugin pod serve side by side; the library then serializes
+// every kubelet call across both through a lock file, and the preparer
+// shares its records through the checkpoint directory (prepare/shared.go).
+func (d *Driver) pluginOptions() []kubeletplugin.Option {
+	o := d.opts
+	opts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(devicemodel.DriverName),
+		kubeletplugin.KubeClient(d.client),
+		kubeletplugin.NodeName(o.NodeName),
+		kubeletplugin.RegistrarDirectoryPath(o.RegistrarDir),
+		kubeletplugin.PluginDataDirectoryPath(o.PluginDataDir),
+		kubeletplugin.CDIDirectory(o.CDIRoot),
+		kubeletplugin.Serialize(o.PodUID != ""),
+	}
+	if o.PodUID != "" {
+		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.PodUID)))
+	}
+	return opts
+}
+
+// sharedLock is the plugin library's lock file in rolling-update mode
+// (kubeletplugin: <plugin data dir>/serialize.lock), which the preparer
+// takes too for work outside kubelet calls.
+func (o *Options) sharedLock() string {
+	if o.PodUID == "" {
+		return ""
+	}
+	return filepath.Join(o.PluginDataDir, "serialize.lock")
 }
 
 func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.Preparer, error) {
@@ -249,8 +291,9 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg
 		},
-		Status: d.status,
-		Crash:  o.crash,
+		Status:     d.status,
+		Crash:      o.crash,
+		SharedLock: o.sharedLock(),
 	}), nil
 }
 
@@ -296,7 +339,12 @@ func (d *Driver) listClaims(ctx context.Context) ([]resourceapi.ResourceClaim, e
 
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin. Claims are
 // prepared in parallel; a failure fails only its claim.
-func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (_ map[types.UID]kubeletplugin.PrepareResult, finalErr error) {
+	done, err := d.shared(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done(&finalErr)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	var mu sync.Mutex
 	parallel(len(claims), func(i int) {
@@ -314,7 +362,12 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 }
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
-func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (_ map[types.UID]error, finalErr error) {
+	done, err := d.shared(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done(&finalErr)
 	out := make(map[types.UID]error, len(claims))
 	var mu sync.Mutex
 	parallel(len(claims), func(i int) {
@@ -329,6 +382,20 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		mu.Unlock()
 	})
 	return out, nil
+}
+
+// shared brackets a kubelet call in rolling-update mode (the library
+// holds the lock across both processes): it reloads what the other
+// process changed, and the returned func publishes what this one changed.
+func (d *Driver) shared(ctx context.Context) (func(*error), error) {
+	if err := d.preparer.SyncShared(ctx); err != nil {
+		return nil, fmt.Errorf("reload prepared claims: %w", err)
+	}
+	return func(finalErr *error) {
+		if err := d.preparer.PublishShared(); err != nil && *finalErr == nil {
+			*finalErr = err
+		}
+	}, nil
 }
 
 func parallel(n int, f func(int)) {
@@ -354,7 +421,11 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 		return
 	}
 	klog.FromContext(ctx).Error(err, msg+"; stopping")
-	d.fatal = fmt.Errorf("%s: %w", msg, err)
+	d.mu.Lock()
+	if d.fatal == nil {
+		d.fatal = fmt.Errorf("%s: %w", msg, err)
+	}
+	d.mu.Unlock()
 	d.cancel()
 }
 

@@ -145,7 +145,8 @@ func startHarnessWith(t testing.TB, ctx context.Context, opts *Options, client *
 		t.Fatal(err)
 	}
 	h.driver = d
-	conn, err := grpc.NewClient("unix://"+filepath.Join(opts.PluginDataDir, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	_, sock := opts.socketPaths()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

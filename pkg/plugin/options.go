@@ -43,6 +43,13 @@ type Options struct {
 	NvidiaSMI string
 	// HealthIgnoredXIDs are XIDs that do not make a device unhealthy.
 	HealthIgnoredXIDs []uint
+	// PodUID, when set, turns on seamless upgrades: the kubelet plugin
+	// library's rolling-update mode, keyed by the plugin pod's UID.
+	PodUID string
+	// HealthcheckPort serves the gRPC health service for the probes; a
+	// negative port serves none.
+	HealthcheckPort    int
+	HealthcheckAddress string
 	// BootIDPath is where the node's boot ID is read (no flag; tests
 	// change it). Empty means /proc/sys/kernel/random/boot_id.
 	BootIDPath string
@@ -76,6 +83,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
 	fs.StringVar(&o.NvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary used to set GPU time-slice intervals (--gpu-backend=nvml).")
+	fs.StringVar(&o.PodUID, "pod-uid", "", "UID of the plugin's own pod (downward API metadata.uid). When set, an old and a new plugin pod serve side by side during an upgrade (the kubelet plugin library's rolling update): kubelet calls are serialized across both through a lock file in --plugin-data-dir and each call reloads the other's prepared claims.")
+	fs.IntVar(&o.HealthcheckPort, "healthcheck-port", -1, "Port of the gRPC health service (grpc.health.v1) for liveness, readiness and startup probes; negative serves none.")
+	fs.StringVar(&o.HealthcheckAddress, "healthcheck-address", "", "Address the health service listens on; empty means every address of the pod's network (what the kubelet's gRPC probe dials).")
 	var ignored []uint
 	for _, x := range health.DefaultIgnoredXIDs {
 		ignored = append(ignored, uint(x))
@@ -120,6 +130,9 @@ func (o *Options) Validate() error {
 	}
 	if o.PluginDataDir == "" {
 		return fmt.Errorf("--plugin-data-dir must not be empty")
+	}
+	if o.HealthcheckPort > 65535 {
+		return fmt.Errorf("--healthcheck-port=%d is not a port: use 1-65535, or -1 to serve no health service", o.HealthcheckPort)
 	}
 	if o.RescanInterval < time.Second {
 		return fmt.Errorf("--rescan-interval=%s is too short: use at least 1s", o.RescanInterval)

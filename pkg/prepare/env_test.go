@@ -50,6 +50,7 @@ type env struct {
 	bootID   string
 	profile  string
 	mig      bool
+	shared   bool
 	lastList []resourceapi.ResourceClaim
 }
 
@@ -59,6 +60,7 @@ func withMIG() envOption { return func(e *env) { e.mig = true; e.profile = "a100
 func withTimeSlices(n int) envOption {
 	return func(e *env) { e.cfg.TimeSlices = n }
 }
+func withSharedLock() envOption { return func(e *env) { e.shared = true } }
 func withInterposer(lib string) envOption {
 	return func(e *env) { e.opts.Enforce.InterposerLibrary = lib }
 }
@@ -106,6 +108,9 @@ func (e *env) start() {
 		Enforce:   enf, AccountingDir: filepath.Join(e.dir, "accounting"),
 		Model:  func() (*inventory.Inventory, devicemodel.Config) { return e.inv, e.cfg },
 		Status: e.status,
+	}
+	if e.shared {
+		e.opts.SharedLock = filepath.Join(e.dir, "serialize.lock")
 	}
 	e.p = New(e.opts)
 	if err := e.p.Recover(e.ctx, e.list); err != nil {

@@ -63,6 +63,10 @@ type Options struct {
 	// Crash, when set, is called at named points of prepare and unprepare
 	// (crash-injection tests kill the process there).
 	Crash func(point string)
+	// SharedLock, when set, is the lock file another plugin process shares
+	// with this one during a seamless upgrade: the records are then
+	// reloaded and published around every call (see shared.go).
+	SharedLock string
 }
 
 // Crash points, in the order prepare and unprepare pass them.
@@ -95,6 +99,10 @@ type Preparer struct {
 	// pending are claims whose lost record waits for the API server to be
 	// repaired, with the reason.
 	pending map[string]string
+	// generation is the shared-state token this process last saw or
+	// wrote; dirty says it changed records since (see shared.go).
+	generation string
+	dirty      bool
 
 	modelMu  sync.Mutex
 	modelInv *inventory.Inventory
@@ -224,6 +232,7 @@ func (p *Preparer) put(c *checkpoint.Claim) error {
 		return err
 	}
 	p.update(c)
+	p.changed()
 	return nil
 }
 
@@ -610,6 +619,7 @@ func (p *Preparer) undo(ctx context.Context, rec *checkpoint.Claim, clearStatus 
 	}
 	p.mu.Lock()
 	delete(p.claims, rec.UID)
+	p.dirty = true
 	p.mu.Unlock()
 	p.crash(CrashUnprepareDone)
 	if clearStatus && p.opts.Status != nil {

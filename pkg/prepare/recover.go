@@ -38,13 +38,34 @@ type ClaimLister func(ctx context.Context) ([]resourceapi.ResourceClaim, error)
 //     again (adopting its MIG instance); anything else is removed.
 //
 // Only an unusable checkpoint directory is an error. When the API server
-// cannot be reached, repairs are left pending for RunRepairs.
+// cannot be reached, repairs are left pending for RunRepairs. During a
+// seamless upgrade it holds the lock shared with the other plugin process,
+// so it never mistakes that process's work for leftovers.
 func (p *Preparer) Recover(ctx context.Context, list ClaimLister) error {
+	release, err := p.Exclusive()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := p.recoverLocked(ctx, list); err != nil {
+		return err
+	}
+	return p.PublishShared()
+}
+
+func (p *Preparer) recoverLocked(ctx context.Context, list ClaimLister) error {
 	logger := klog.FromContext(ctx)
+	token, err := p.readGeneration()
+	if err != nil {
+		return err
+	}
 	loaded, err := p.opts.Checkpoints.Load()
 	if err != nil {
 		return err
 	}
+	p.mu.Lock()
+	p.generation = token
+	p.mu.Unlock()
 	var started []*checkpoint.Claim
 	for _, c := range loaded.Claims {
 		if c.State == checkpoint.PrepareStarted {
@@ -64,6 +85,7 @@ func (p *Preparer) Recover(ctx context.Context, list ClaimLister) error {
 	for _, c := range loaded.Stale {
 		if err := p.removeFiles(c.UID, c.SpecName, c.AccountingDir); err == nil {
 			err = p.opts.Checkpoints.Delete(c.UID)
+			p.changed()
 		}
 		if err != nil {
 			logger.Error(err, "Could not remove the record of a claim prepared before the node rebooted", "uid", c.UID)
@@ -74,6 +96,7 @@ func (p *Preparer) Recover(ctx context.Context, list ClaimLister) error {
 	pending := map[string]string{}
 	for _, c := range loaded.Corrupt {
 		aside, err := p.opts.Checkpoints.Quarantine(c.UID)
+		p.changed()
 		if err != nil {
 			logger.Error(err, "Could not move a corrupt checkpoint aside", "path", c.Path)
 		}
@@ -96,7 +119,7 @@ func (p *Preparer) Recover(ctx context.Context, list ClaimLister) error {
 	p.pending = pending
 	p.mu.Unlock()
 	if len(pending) > 0 {
-		p.repair(ctx, list)
+		p.repairPending(ctx, list)
 	}
 	p.reportUnownedMIG(ctx)
 	return nil
@@ -179,7 +202,28 @@ func (p *Preparer) RunRepairs(ctx context.Context, list ClaimLister, interval ti
 	}
 }
 
+// repair is one pass of RunRepairs: outside kubelet calls, so it takes
+// the lock shared with another plugin process and that process's changes
+// into account (see shared.go).
 func (p *Preparer) repair(ctx context.Context, list ClaimLister) {
+	logger := klog.FromContext(ctx)
+	release, err := p.Exclusive()
+	if err != nil {
+		logger.Error(err, "Cannot take the plugin's lock to repair lost checkpoints; retrying later")
+		return
+	}
+	defer release()
+	if err := p.SyncShared(ctx); err != nil {
+		logger.Error(err, "Cannot reload prepared claims; retrying the repairs later")
+		return
+	}
+	p.repairPending(ctx, list)
+	if err := p.PublishShared(); err != nil {
+		logger.Error(err, "Cannot record the repairs for the other plugin process")
+	}
+}
+
+func (p *Preparer) repairPending(ctx context.Context, list ClaimLister) {
 	logger := klog.FromContext(ctx)
 	claims, err := list(ctx)
 	if err != nil {

@@ -46,6 +46,13 @@ func (p *Publisher) Inventory() *inventory.Inventory {
 	return p.inventory
 }
 
+// Published says whether the slices were published at least once.
+func (p *Publisher) Published() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.published != nil
+}
+
 // Trigger asks for a sync soon (e.g. after a MIG instance appeared or a
 // device turned unhealthy).
 func (p *Publisher) Trigger() {

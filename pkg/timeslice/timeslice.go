@@ -194,6 +194,14 @@ func (m *Manager) Restore(gpuUUID string, claim Holder, interval v1alpha1.TimeSl
 	g.holders[claim.UID] = claim
 }
 
+// Reset forgets every holder, without setting anything; the caller
+// restores the holders of the records it reloaded.
+func (m *Manager) Reset() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gpus = map[string]*gpuState{}
+}
+
 // Release drops the claim; when no claim holds the GPU any more it goes
 // back to Default.
 func (m *Manager) Release(ctx context.Context, gpuUUID, claimUID string) error {

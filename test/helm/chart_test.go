@@ -498,8 +498,17 @@ func TestKubeletPlugin(t *testing.T) {
 					ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge.IntValue() != 1 || !hasArg(c, "--pod-uid=$(POD_UID)") {
 					t.Errorf("seamlessUpgrade: strategy %+v args %v", ds.Spec.UpdateStrategy, c.Args)
 				}
-				if c.LivenessProbe == nil || c.ReadinessProbe == nil || c.LivenessProbe.Exec == nil {
-					t.Errorf("exec probes missing: %+v", c.LivenessProbe)
+				for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
+					want := name
+					if name == "startup" {
+						want = "readiness"
+					}
+					if probe == nil || probe.GRPC == nil || probe.GRPC.Port != 51515 || probe.GRPC.Service == nil || *probe.GRPC.Service != want {
+						t.Errorf("%s probe: %+v, want gRPC on 51515 service %q", name, probe, want)
+					}
+				}
+				if !hasArg(c, "--healthcheck-port=51515") {
+					t.Errorf("gRPC probes without --healthcheck-port: %v", c.Args)
 				}
 				cm := get[*corev1.ConfigMap](t, objs, "ConfigMap", pluginName)
 				if !hasArg(c, "--time-slices-config=/etc/tessera/time-slices.yaml") || !hasArg(c, "--mock-config=/etc/tessera/mock-node.yaml") {
@@ -895,14 +904,6 @@ func TestNotes(t *testing.T) {
 	}
 }
 
-// pendingFlags are flags the chart passes only when a value asks for them,
-// for features the binaries do not have yet. TestFlagsExist only logs them.
-var pendingFlags = map[string]string{
-	"kubelet-plugin --pod-uid":          "kubeletPlugin.seamlessUpgrade: the kubelet plugin library's RollingUpdate(podUID)",
-	"kubelet-plugin --healthcheck":      "kubeletPlugin.healthcheck.mode=exec",
-	"kubelet-plugin --healthcheck-port": "kubeletPlugin.healthcheck.mode=grpc",
-}
-
 var flagRE = regexp.MustCompile(`(?m)^\s+(?:-[a-zA-Z], )?--([a-z0-9][a-z0-9_-]*)`)
 
 // helpFlags builds a command and returns the flags its --help lists.
@@ -950,8 +951,7 @@ func TestFlagsExist(t *testing.T) {
 		ds := get[*appsv1.DaemonSet](t, objs, "DaemonSet", pluginName)
 		d := get[*appsv1.Deployment](t, objs, "Deployment", controllerName)
 		p := container(t, ds.Spec.Template.Spec, "kubelet-plugin")
-		args := append(append([]string{}, p.Args...), probeArgs(p)...)
-		for _, f := range argFlags(args) {
+		for _, f := range argFlags(p.Args) {
 			used["kubelet-plugin"][f] = append(used["kubelet-plugin"][f], vs.name)
 		}
 		for _, f := range argFlags(container(t, d.Spec.Template.Spec, "controller").Args) {
@@ -970,21 +970,10 @@ func TestFlagsExist(t *testing.T) {
 				if have[f] || f == "v" && have["v"] {
 					continue
 				}
-				if why, ok := pendingFlags[cmd+" --"+f]; ok {
-					t.Logf("pending: the chart passes --%s to %s for %s (value sets %v), which %s does not define yet", f, cmd, why, used[cmd][f], cmd)
-					continue
-				}
 				t.Errorf("the chart passes --%s to %s (value sets %v) but cmd/%s does not define it: add the flag or change deployments/helm/tessera/templates", f, cmd, used[cmd][f], cmd)
 			}
 		})
 	}
-}
-
-func probeArgs(c corev1.Container) []string {
-	if c.LivenessProbe != nil && c.LivenessProbe.Exec != nil && len(c.LivenessProbe.Exec.Command) > 1 {
-		return c.LivenessProbe.Exec.Command[1:]
-	}
-	return nil
 }
 
 func keys[V any](m map[string]V) []string {

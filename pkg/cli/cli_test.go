@@ -1,0 +1,42 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantOK   bool
+		wantCode int
+		wantOut  []string
+	}{
+		{name: "good flags", args: []string{"--port=3", "-v=2"}, wantOK: true},
+		{name: "help", args: []string{"--help"}, wantCode: 0, wantOut: []string{"Usage: demo [flags]", "Does a demo.", "--port"}},
+		{name: "unknown flag", args: []string{"--healthcheck"}, wantCode: 2, wantOut: []string{"demo: unknown flag: --healthcheck", "Usage: demo [flags]", "--port"}},
+		{name: "bad value", args: []string{"--port=x"}, wantCode: 2, wantOut: []string{`invalid argument "x" for "--port"`, "Usage: demo"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := pflag.NewFlagSet("demo", pflag.ContinueOnError)
+			port := fs.Int("port", 1, "a port")
+			var out bytes.Buffer
+			code, ok := Parse(fs, "Does a demo.", tc.args, &out)
+			if ok != tc.wantOK || code != tc.wantCode {
+				t.Fatalf("Parse(%v) = %d, %v; want %d, %v\n%s", tc.args, code, ok, tc.wantCode, tc.wantOK, out.String())
+			}
+			if tc.wantOK && (*port != 3 || out.Len() != 0) {
+				t.Errorf("port %d, output %q", *port, out.String())
+			}
+			for _, w := range tc.wantOut {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("output lacks %q:\n%s", w, out.String())
+				}
+			}
+		})
+	}
+}
