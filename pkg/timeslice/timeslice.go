@@ -102,16 +102,43 @@ type gpuState struct {
 	holders  map[string]Holder
 }
 
-// Manager tracks which claims hold which GPU's interval.
+// Manager tracks which claims hold which GPU's interval. Setting a GPU's
+// interval (nvidia-smi: hundreds of milliseconds) holds only that GPU's
+// lock, so claims on other GPUs are not held up.
 type Manager struct {
 	setter Setter
 	mu     sync.Mutex
 	gpus   map[string]*gpuState
+	// locks serialize the changes of one GPU's interval.
+	locks map[string]*sync.Mutex
 }
 
 // NewManager returns a manager applying intervals with setter.
 func NewManager(setter Setter) *Manager {
-	return &Manager{setter: setter, gpus: map[string]*gpuState{}}
+	return &Manager{setter: setter, gpus: map[string]*gpuState{}, locks: map[string]*sync.Mutex{}}
+}
+
+// lockGPU takes the GPU's lock and returns its release.
+func (m *Manager) lockGPU(gpuUUID string) func() {
+	m.mu.Lock()
+	l := m.locks[gpuUUID]
+	if l == nil {
+		l = &sync.Mutex{}
+		m.locks[gpuUUID] = l
+	}
+	m.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// state returns the GPU's state, created empty; the caller holds m.mu.
+func (m *Manager) state(gpuUUID string) *gpuState {
+	g := m.gpus[gpuUUID]
+	if g == nil {
+		g = &gpuState{holders: map[string]Holder{}}
+		m.gpus[gpuUUID] = g
+	}
+	return g
 }
 
 // Conflict is the error of a claim asking for a different interval than
@@ -159,22 +186,25 @@ func (m *Manager) checkLocked(gpuUUID string, claim Holder, interval v1alpha1.Ti
 // Acquire makes the claim a holder of the interval on the GPU, setting it
 // when the claim is the first to ask.
 func (m *Manager) Acquire(ctx context.Context, gpuUUID string, claim Holder, interval v1alpha1.TimeSliceInterval) error {
+	unlock := m.lockGPU(gpuUUID)
+	defer unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.checkLocked(gpuUUID, claim, interval); err != nil {
+	err := m.checkLocked(gpuUUID, claim, interval)
+	g := m.state(gpuUUID)
+	set := len(g.holders) == 0 || g.interval != interval
+	m.mu.Unlock()
+	if err != nil {
 		return err
 	}
-	g := m.gpus[gpuUUID]
-	if g == nil {
-		g = &gpuState{holders: map[string]Holder{}}
-		m.gpus[gpuUUID] = g
-	}
-	if len(g.holders) == 0 || g.interval != interval {
+	if set {
 		if err := m.setter.SetInterval(ctx, gpuUUID, interval); err != nil {
 			return fmt.Errorf("set time-slice interval %s on GPU %s: %w", interval, gpuUUID, err)
 		}
 		klog.FromContext(ctx).V(2).Info("Set GPU time-slice interval", "gpu", gpuUUID, "interval", interval, "claim", claim.Name)
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g = m.state(gpuUUID)
 	g.interval = interval
 	g.holders[claim.UID] = claim
 	return nil
@@ -185,11 +215,7 @@ func (m *Manager) Acquire(ctx context.Context, gpuUUID string, claim Holder, int
 func (m *Manager) Restore(gpuUUID string, claim Holder, interval v1alpha1.TimeSliceInterval) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	g := m.gpus[gpuUUID]
-	if g == nil {
-		g = &gpuState{holders: map[string]Holder{}}
-		m.gpus[gpuUUID] = g
-	}
+	g := m.state(gpuUUID)
 	g.interval = interval
 	g.holders[claim.UID] = claim
 }
@@ -205,22 +231,24 @@ func (m *Manager) Reset() {
 // Release drops the claim; when no claim holds the GPU any more it goes
 // back to Default.
 func (m *Manager) Release(ctx context.Context, gpuUUID, claimUID string) error {
+	unlock := m.lockGPU(gpuUUID)
+	defer unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	g := m.gpus[gpuUUID]
 	if g != nil {
 		delete(g.holders, claimUID)
-		if len(g.holders) > 0 {
-			return nil
-		}
-		if g.interval == v1alpha1.TimeSliceDefault {
+		if len(g.holders) > 0 || g.interval == v1alpha1.TimeSliceDefault {
+			m.mu.Unlock()
 			return nil
 		}
 	}
+	m.mu.Unlock()
 	if err := m.setter.SetInterval(ctx, gpuUUID, v1alpha1.TimeSliceDefault); err != nil {
 		return fmt.Errorf("reset time-slice interval of GPU %s: %w", gpuUUID, err)
 	}
-	if g != nil {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if g := m.gpus[gpuUUID]; g != nil && len(g.holders) == 0 {
 		g.interval = v1alpha1.TimeSliceDefault
 	}
 	klog.FromContext(ctx).V(2).Info("Reset GPU time-slice interval", "gpu", gpuUUID)

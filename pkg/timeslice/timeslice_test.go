@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/klog/v2/ktesting"
 
@@ -97,5 +98,52 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// blocking holds SetInterval on one GPU until released.
+type blocking struct {
+	gpu     string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b blocking) SetInterval(_ context.Context, gpu string, _ v1alpha1.TimeSliceInterval) error {
+	if gpu == b.gpu {
+		close(b.entered)
+		<-b.release
+	}
+	return nil
+}
+
+// TestSlowGPUHoldsOnlyItself: while one GPU's interval is being set (a slow
+// nvidia-smi), claims on another GPU are served and the same GPU waits.
+func TestSlowGPUHoldsOnlyItself(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	b := blocking{gpu: "GPU-0", entered: make(chan struct{}), release: make(chan struct{})}
+	m := NewManager(b)
+	first := make(chan error, 1)
+	go func() { first <- m.Acquire(ctx, "GPU-0", Holder{UID: "a", Name: "ns/a"}, v1alpha1.TimeSliceLong) }()
+	<-b.entered
+	other := make(chan error, 1)
+	go func() { other <- m.Acquire(ctx, "GPU-1", Holder{UID: "b", Name: "ns/b"}, v1alpha1.TimeSliceShort) }()
+	select {
+	case err := <-other:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a claim on GPU-1 waited for GPU-0's nvidia-smi")
+	}
+	same := make(chan error, 1)
+	go func() { same <- m.Acquire(ctx, "GPU-0", Holder{UID: "c", Name: "ns/c"}, v1alpha1.TimeSliceShort) }()
+	select {
+	case err := <-same:
+		t.Fatalf("a second claim on GPU-0 was decided while its interval was being set: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(b.release)
+	must(t, <-first)
+	var conflict *Conflict
+	if err := <-same; !errors.As(err, &conflict) || conflict.Held != v1alpha1.TimeSliceLong {
+		t.Errorf("second claim on GPU-0: %v, want a conflict with Long", err)
 	}
 }
