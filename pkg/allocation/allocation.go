@@ -16,16 +16,14 @@ import (
 )
 
 // SchedulerFeatures are the allocator features kube-scheduler 1.37 enables
-// by default (GA and on-by-default beta DRA gates).
-var SchedulerFeatures = structured.Features{
-	AdminAccess:             true,
-	ConsumableCapacity:      true,
-	DeviceBindingAndStatus:  true,
-	DeviceTaints:            true,
-	FractionalCapacityRange: true,
-	PartitionableDevices:    true,
-	PrioritizedList:         true,
-}
+// by default; the controller uses FeaturesFor its cluster's version.
+var SchedulerFeatures = func() structured.Features {
+	f, err := FeaturesFor(fmt.Sprintf("v1.%d.0", NewestKnown))
+	if err != nil {
+		panic(err)
+	}
+	return f
+}()
 
 // Classes is a DeviceClassLister over a fixed list.
 type Classes []*resourceapi.DeviceClass

@@ -18,8 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -107,7 +110,11 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if err != nil {
 		return nil, fmt.Errorf("manager: %w", err)
 	}
-	cfgEngine := admission.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: allocation.SchedulerFeatures}
+	features, err := schedulerFeatures(ctx, cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	cfgEngine := admission.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: features}
 	admitter := &Admitter{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetCache(),
@@ -259,4 +266,34 @@ func registry(o Options) prometheus.Registerer {
 		return o.Registry
 	}
 	return ctrlmetrics.Registry
+}
+
+// schedulerFeatures are the allocator features of the cluster's
+// kube-scheduler: its version's defaults (--kubernetes-version, else the
+// API server's version), then --scheduler-feature-gates.
+func schedulerFeatures(ctx context.Context, cfg *rest.Config, o Options) (structured.Features, error) {
+	v := o.KubernetesVersion
+	if v == "" {
+		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return structured.Features{}, err
+		}
+		info, err := dc.ServerVersion()
+		if err != nil {
+			return structured.Features{}, fmt.Errorf("asking the API server for its version (set --kubernetes-version to skip): %w", err)
+		}
+		v = info.GitVersion
+	}
+	f, err := allocation.FeaturesFor(v)
+	if err != nil {
+		return f, err
+	}
+	if f, err = allocation.Override(f, o.SchedulerFeatureGates); err != nil {
+		return f, fmt.Errorf("--scheduler-feature-gates: %w", err)
+	}
+	klog.FromContext(ctx).Info("Admission simulates the scheduler's allocator", "kubernetesVersion", v, "features", sets.List(f.Set()))
+	if !f.ConsumableCapacity || !f.PartitionableDevices {
+		klog.FromContext(ctx).Info("Warning: the scheduler lacks DRAConsumableCapacity or DRAPartitionableDevices: memory shares, time slices and MIG partitions cannot be allocated (see docs/compatibility.md)", "kubernetesVersion", v)
+	}
+	return f, nil
 }

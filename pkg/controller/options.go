@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+
+	"github.com/tessera-dev/tessera/pkg/allocation"
 )
 
 // Webhook configuration modes.
@@ -75,6 +77,10 @@ type Options struct {
 	MaxReasonUpdates        int
 	LeaderElectionLease     time.Duration
 	LeaderElectionRenewTime time.Duration
+	// KubernetesVersion picks the scheduler's allocator features; empty
+	// means the API server's version. SchedulerFeatureGates override them.
+	KubernetesVersion     string
+	SchedulerFeatureGates string
 	// Registry receives the controller's metrics; nil means
 	// controller-runtime's registry (served at --metrics-bind-address).
 	Registry prometheus.Registerer
@@ -120,6 +126,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 50, "Queries per second to the API server.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 100, "Burst of queries to the API server.")
 	fs.IntVar(&o.MaxReasonUpdates, "max-reason-updates-per-cycle", 256, "Waiting pods whose condition and event are updated per cycle (the rest in later cycles), so that explaining a long queue never holds up admissions.")
+	fs.StringVar(&o.KubernetesVersion, "kubernetes-version", "", "Kubernetes version whose kube-scheduler defaults the admission simulation uses (e.g. v1.35.2); empty asks the API server.")
+	fs.StringVar(&o.SchedulerFeatureGates, "scheduler-feature-gates", "", "DRA feature gates your kube-scheduler sets differently from its version's defaults, in its --feature-gates syntax, e.g. DRAConsumableCapacity=true,DRAPartitionableDevices=true on 1.35.")
 	fs.IntVar(&o.ApplyWorkers, "apply-workers", 16, "Parallel API calls when applying a cycle's decisions (ungating a gang's members, pod conditions).")
 }
 
@@ -171,6 +179,14 @@ func (o *Options) Validate() error {
 	}
 	if o.CycleInterval < 0 || o.ResyncPeriod <= 0 {
 		return fmt.Errorf("--cycle-interval must not be negative and --resync-period must be positive")
+	}
+	if o.KubernetesVersion != "" {
+		if _, err := allocation.FeaturesFor(o.KubernetesVersion); err != nil {
+			return fmt.Errorf("--kubernetes-version: %w", err)
+		}
+	}
+	if _, err := allocation.Override(allocation.SchedulerFeatures, o.SchedulerFeatureGates); err != nil {
+		return fmt.Errorf("--scheduler-feature-gates: %w", err)
 	}
 	if o.ApplyWorkers < 1 {
 		return fmt.Errorf("--apply-workers=%d must be at least 1", o.ApplyWorkers)
