@@ -210,13 +210,11 @@ func webhookServer(ctx context.Context, c client.Client, o Options) (ctrlwebhook
 		hosts = append(hosts, u.Hostname())
 		target.BaseURL = base
 	}
-	cert, err := ca.ServingCert(hosts)
-	if err != nil {
-		return nil, nil, fmt.Errorf("webhook serving certificate: %w", err)
+	certs := &webhook.ServingCerts{CA: ca, Hosts: hosts}
+	if _, err := certs.GetCertificate(nil); err != nil {
+		return nil, nil, err
 	}
-	opts.TLSOpts = []func(*tls.Config){func(t *tls.Config) {
-		t.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
-	}}
+	opts.TLSOpts = []func(*tls.Config){func(t *tls.Config) { t.GetCertificate = certs.GetCertificate }}
 	return ctrlwebhook.NewServer(opts), target, nil
 }
 

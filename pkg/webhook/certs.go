@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -154,8 +155,8 @@ func serial() *big.Int {
 }
 
 // ServingCert issues a serving certificate for the hosts (IP addresses or
-// DNS names), valid for a year.
-func (ca *CA) ServingCert(hosts []string) (*tls.Certificate, error) {
+// DNS names), valid from an hour before now until now+validity.
+func (ca *CA) ServingCert(hosts []string, now time.Time, validity time.Duration) (*tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -163,8 +164,8 @@ func (ca *CA) ServingCert(hosts []string) (*tls.Certificate, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: "tessera-controller-webhook"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().AddDate(1, 0, 0),
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(validity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
@@ -179,5 +180,53 @@ func (ca *CA) ServingCert(hosts []string) (*tls.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// Serving certificates live ServingValidity and are reissued once less
+// than RenewBefore of it is left: a controller that runs for years keeps
+// serving valid certificates without a restart.
+const (
+	ServingValidity = 90 * 24 * time.Hour
+	RenewBefore     = 30 * 24 * time.Hour
+)
+
+// ServingCerts hands the TLS server the current serving certificate
+// (tls.Config.GetCertificate) and reissues it from the CA before it
+// expires. Checking on every handshake is a comparison of two times; a
+// reissue (milliseconds) happens once per renewal period.
+type ServingCerts struct {
+	CA    *CA
+	Hosts []string
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+
+	mu  sync.Mutex
+	cur *tls.Certificate
+}
+
+// GetCertificate implements tls.Config.GetCertificate.
+func (s *ServingCerts) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	now := time.Now()
+	if s.Now != nil {
+		now = s.Now()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != nil && now.Before(s.cur.Leaf.NotAfter.Add(-RenewBefore)) {
+		return s.cur, nil
+	}
+	cert, err := s.CA.ServingCert(s.Hosts, now, ServingValidity)
+	if err != nil {
+		if s.cur != nil && now.Before(s.cur.Leaf.NotAfter) {
+			return s.cur, nil // still valid: retry at the next handshake
+		}
+		return nil, fmt.Errorf("webhook serving certificate: %w", err)
+	}
+	s.cur = cert
+	return cert, nil
 }

@@ -2,9 +2,11 @@ package webhook_test
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -125,8 +127,31 @@ func TestServingCert(t *testing.T) {
 	if err != nil || string(again.CertPEM) != string(ca.CertPEM) {
 		t.Fatalf("a second replica got another CA: %v", err)
 	}
-	cert, err := ca.ServingCert([]string{"127.0.0.1", "svc.ns.svc"})
-	if err != nil || len(cert.Certificate) != 1 {
-		t.Fatalf("serving cert: %v", err)
+	// A controller that runs for longer than a certificate lives keeps
+	// serving a valid one: it is reissued before it expires.
+	now := time.Now()
+	certs := &webhook.ServingCerts{CA: ca, Hosts: []string{"127.0.0.1", "svc.ns.svc"}, Now: func() time.Time { return now }}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.CertPEM)
+	var serials []string
+	for _, step := range []time.Duration{0, 24 * time.Hour, webhook.ServingValidity - webhook.RenewBefore, webhook.ServingValidity, 2 * webhook.ServingValidity} {
+		now = now.Add(step)
+		cert, err := certs.GetCertificate(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cert.Leaf.Verify(x509.VerifyOptions{DNSName: "svc.ns.svc", Roots: pool, CurrentTime: now}); err != nil {
+			t.Fatalf("after %v: the served certificate does not verify: %v", step, err)
+		}
+		if left := cert.Leaf.NotAfter.Sub(now); left < webhook.RenewBefore {
+			t.Errorf("after %v: served a certificate with %v left", step, left)
+		}
+		serials = append(serials, cert.Leaf.SerialNumber.String())
+	}
+	if serials[0] != serials[1] {
+		t.Error("reissued a day after issue")
+	}
+	if serials[1] == serials[2] || serials[2] == serials[3] || serials[3] == serials[4] {
+		t.Errorf("not reissued at renewal time: %v", serials)
 	}
 }

@@ -468,7 +468,15 @@ func TestKubeletPlugin(t *testing.T) {
 				if spec.HostNetwork {
 					t.Error("hostNetwork is on by default")
 				}
+				if a := spec.Affinity; a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil ||
+					len(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) != 2 ||
+					a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "nvidia.com/gpu.present" {
+					t.Errorf("by default the plugin must only run on GPU nodes (GPU operator or NFD labels): affinity %+v", a)
+				}
 			case "mock", "localcluster":
+				if spec.Affinity != nil {
+					t.Errorf("mock nodes have no GPU labels: no node affinity by default, got %+v", spec.Affinity)
+				}
 				if !hasArg(c, "--gpu-backend=mock") || !hasArg(c, "--mock-profile=t4:2") {
 					t.Errorf("mock args missing: %v", c.Args)
 				}
@@ -619,11 +627,14 @@ func TestController(t *testing.T) {
 					}
 				}
 			}
-			if vs.name == "full" {
+			if vs.name == "full" || vs.name == "default" {
 				if *d.Spec.Replicas != 2 || spec.Affinity == nil || spec.Affinity.PodAntiAffinity == nil {
 					t.Errorf("two replicas should be spread: replicas=%d affinity=%+v", *d.Spec.Replicas, spec.Affinity)
 				}
 				get[*policyv1.PodDisruptionBudget](t, objs, "PodDisruptionBudget", controllerName)
+			}
+			if vs.name == "default" && spec.PriorityClassName != "system-cluster-critical" {
+				t.Errorf("controller priorityClassName %q, want system-cluster-critical", spec.PriorityClassName)
 			}
 		})
 	}
