@@ -56,6 +56,20 @@ func (w *world) node(name string, o admissiontest.NodeOptions) {
 	w.snap.Nodes = append(w.snap.Nodes, admissiontest.Node(name))
 }
 
+// nics publishes n devices of another driver (nic.example.com, a NIC) on a
+// node, in a pool named after the node as Tessera's is.
+func (w *world) nics(node string, n int) {
+	s := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: node + "-nic"}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: "nic.example.com", NodeName: ptr.To(node),
+		Pool: resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
+	}}
+	for i := range n {
+		s.Spec.Devices = append(s.Spec.Devices, resourceapi.Device{Name: fmt.Sprintf("nic-%d", i)})
+	}
+	w.slices[node] = append(w.slices[node], s)
+	w.snap.Slices = append(w.snap.Slices, s)
+}
+
 func (w *world) queue(q *v1alpha1.Queue) { w.snap.Queues = append(w.snap.Queues, q) }
 
 func (w *world) template(t *resourceapi.ResourceClaimTemplate) {

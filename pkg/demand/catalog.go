@@ -213,12 +213,24 @@ func (c *Catalog) Lookup(pool, name string) *Device { return c.devices[pool+"/"+
 // NodeDevices returns the devices published for a node.
 func (c *Catalog) NodeDevices(node string) []*Device { return c.perNode[node] }
 
-// IsOurClass says whether a device class selects devices of this driver:
-// one of its CEL selectors names the driver.
-func (c *Catalog) IsOurClass(dc *resourceapi.DeviceClass) bool {
-	quoted := strconv.Quote(c.Driver)
-	for _, s := range dc.Spec.Selectors {
-		if s.CEL != nil && strings.Contains(s.CEL.Expression, quoted) {
+// IsOurClass says whether a device class selects devices of this driver,
+// by evaluating its selectors, not by reading their text (a class for
+// `device.driver != "gpu.tessera.dev"` names the driver and selects none of
+// its devices):
+//   - when the selectors decide on the driver (a device that carries only
+//     this driver's name and one that carries another's evaluate
+//     differently), the class is ours unless they reject our driver's;
+//     an error there means they went on to our attributes;
+//   - otherwise (no driver check), it is ours when it selects a device the
+//     driver publishes.
+func (c *Catalog) IsOurClass(ctx context.Context, dc *resourceapi.DeviceClass) bool {
+	ours, errOurs := c.eval(ctx, &Device{cel: cel.Device{Driver: c.Driver}}, dc.Spec.Selectors)
+	other, errOther := c.eval(ctx, &Device{cel: cel.Device{Driver: "other.driver.invalid"}}, dc.Spec.Selectors)
+	if (errOurs != nil) != (errOther != nil) || ours != other {
+		return ours || errOurs != nil
+	}
+	for _, d := range c.shapes {
+		if ok, err := c.eval(ctx, d, dc.Spec.Selectors); ok && err == nil {
 			return true
 		}
 	}
@@ -304,9 +316,11 @@ func (e *BadInputError) Error() string { return e.Msg }
 // allocated, conservatively: per request, the largest charge over the
 // device shapes published in the cluster that the class and the request's
 // selectors match, times the count (firstAvailable: the largest
-// alternative). It fails with a *BadInputError for requests of other
-// drivers' classes and with a plain error when no published device matches
-// (yet).
+// alternative). Requests of other drivers' classes (a NIC next to the
+// GPUs) charge nothing; the admission simulation still places them
+// against their drivers' slices. It fails with a *BadInputError for a
+// class that does not exist and with a plain error when no published
+// device matches (yet).
 func (c *Catalog) EstimateClaim(ctx context.Context, claimName string, spec *resourceapi.ResourceClaimSpec) (queue.Vector, error) {
 	var total queue.Vector
 	for _, req := range spec.Devices.Requests {
@@ -350,10 +364,7 @@ func (c *Catalog) estimateRequest(ctx context.Context, claimName, reqName, class
 	if dc == nil {
 		return queue.Vector{}, &BadInputError{fmt.Sprintf("claim %s request %s: device class %q does not exist", claimName, reqName, className)}
 	}
-	if !c.IsOurClass(dc) {
-		return queue.Vector{}, &BadInputError{fmt.Sprintf("claim %s request %s: device class %s is not a %s class (a claim for another driver)", claimName, reqName, className, c.Driver)}
-	}
-	if adminAccess {
+	if adminAccess || !c.IsOurClass(ctx, dc) {
 		return queue.Vector{}, nil
 	}
 	var share int64 = -1
@@ -414,4 +425,24 @@ func (c *Catalog) matches(ctx context.Context, d *Device, selectors []resourceap
 		}
 	}
 	return true
+}
+
+// eval evaluates CEL selectors against a device as the allocator does:
+// all must match; the first that does not compile or fails to evaluate is
+// the error.
+func (c *Catalog) eval(ctx context.Context, d *Device, selectors []resourceapi.DeviceSelector) (bool, error) {
+	for _, s := range selectors {
+		if s.CEL == nil {
+			continue
+		}
+		res := c.cache.GetOrCompile(s.CEL.Expression)
+		if res.Error != nil {
+			return false, res.Error
+		}
+		ok, _, err := res.DeviceMatches(ctx, d.cel)
+		if err != nil || !ok {
+			return false, err
+		}
+	}
+	return true, nil
 }

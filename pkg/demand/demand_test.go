@@ -111,7 +111,6 @@ func TestEstimateErrors(t *testing.T) {
 		bad     bool
 		message string
 	}{
-		{"another driver", admissiontest.Request{Class: "nic.example.com"}, true, "device class nic.example.com is not a gpu.tessera.dev class (a claim for another driver)"},
 		{"unknown class", admissiontest.Request{Class: "nope"}, true, `device class "nope" does not exist`},
 		{"nothing matches yet", admissiontest.Request{Class: "mig.tessera.dev"}, false, "no published gpu.tessera.dev device matches class mig.tessera.dev"},
 	}
@@ -188,5 +187,42 @@ func TestPodClaims(t *testing.T) {
 	p2 := admissiontest.Pod("ns", "p2", admissiontest.PodOptions{Templates: []string{"missing"}})
 	if _, err := demand.PodClaims(p2, o); err == nil || !strings.Contains(err.Error(), "ResourceClaimTemplate missing does not exist") {
 		t.Errorf("missing template: %v", err)
+	}
+}
+
+// TestIsOurClass decides by evaluating the class's selectors against the
+// driver's devices, not by looking for the driver's name in their text.
+func TestIsOurClass(t *testing.T) {
+	ctx := context.Background()
+	class := func(expr string) *resourceapi.DeviceClass {
+		return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "c"},
+			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}}}
+	}
+	published := demand.NewCatalog(node(t, "n1", admissiontest.NodeOptions{Profile: "h100-80gb:1"}), nil, cel.NewCache(10, cel.Features{}))
+	empty := demand.NewCatalog(nil, nil, cel.NewCache(10, cel.Features{}))
+	for _, tt := range []struct {
+		expr      string
+		published bool
+		empty     bool
+	}{
+		{`device.driver == "gpu.tessera.dev"`, true, true},
+		{`device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "gpu"`, true, true},
+		{`device.attributes["gpu.tessera.dev"].type == "mig"`, false, false},
+		{`device.driver != "gpu.tessera.dev"`, false, false},
+		{`device.driver == "nic.example.com"`, false, false},
+		{`device.attributes["nic.example.com"].speed > 10`, false, false},
+		{`not valid CEL (`, false, false},
+	} {
+		if got := published.IsOurClass(ctx, class(tt.expr)); got != tt.published {
+			t.Errorf("%s with devices published: %v, want %v", tt.expr, got, tt.published)
+		}
+		if got := empty.IsOurClass(ctx, class(tt.expr)); got != tt.empty {
+			t.Errorf("%s before any device is published: %v, want %v", tt.expr, got, tt.empty)
+		}
+	}
+	for _, dc := range admissiontest.Classes() {
+		if !published.IsOurClass(ctx, dc) {
+			t.Errorf("the chart's class %s is not ours", dc.Name)
+		}
 	}
 }
