@@ -39,6 +39,12 @@ const (
 	// AdmittedAtAnnotation records when the pod was admitted (RFC 3339);
 	// reclaim takes the most recently admitted first.
 	AdmittedAtAnnotation = "tessera.dev/admitted-at"
+	// DecisionAnnotation records, on every member of a workload of several
+	// pods, the admission decision "<id>/<members>" before the first gate
+	// comes off; a controller that restarts or fails between the members'
+	// patches completes a fully recorded decision and rolls back one that
+	// is not.
+	DecisionAnnotation = "tessera.dev/admission-decision"
 )
 
 // ResourceList is an amount per accounted resource.

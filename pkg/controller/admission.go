@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -72,6 +75,12 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 	snap, err := a.snapshot(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
+	}
+	if a.finishDecisions(ctx, snap) {
+		// Decide on what the completions and rollbacks left.
+		if snap, err = a.snapshot(ctx); err != nil {
+			return reconcile.Result{}, err
+		}
 	}
 	d, err := a.Engine.Decide(ctx, snap)
 	if err != nil {
@@ -187,6 +196,10 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 	// scheduler; conditions and events after.
 	for _, ad := range d.Admit {
 		pin := a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && ad.Workload.Gang)
+		if len(ad.Pods) > 1 && !a.recordDecision(ctx, ad) {
+			a.Engine.Forget(ad.Pods...)
+			continue
+		}
 		var failed []*corev1.Pod
 		var mu sync.Mutex
 		a.parallel(len(ad.Pods), func(i int) {
@@ -273,6 +286,129 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 	})
 	a.updateQueues(ctx, snap, d)
 	return more
+}
+
+// recordDecision is the first phase of admitting a workload of several
+// pods: every member gets the decision annotation ("<id>/<members>") and
+// its simulated node while it is still gated. Only when all members carry
+// it does any gate come off, so that a controller that dies or fails
+// between the members' patches leaves either a decision every member
+// records (finishDecisions completes it) or one some lack (rolled back:
+// no member has started). A failed patch rolls back here at once.
+func (a *Admitter) recordDecision(ctx context.Context, ad *admission.Admission) bool {
+	logger := klog.FromContext(ctx)
+	id := fmt.Sprintf("%s/%d", rand.String(10), len(ad.Pods))
+	recorded := make([]bool, len(ad.Pods))
+	ok := true
+	var mu sync.Mutex
+	a.parallel(len(ad.Pods), func(i int) {
+		p := ad.Pods[i]
+		annotations := map[string]any{v1alpha1.DecisionAnnotation: id}
+		if n := ad.Nodes[p.UID]; n != "" {
+			annotations[v1alpha1.NodeAnnotation] = n
+		}
+		err := a.patchAnnotations(ctx, p, annotations)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			logger.Error(err, "Recording an admission decision failed; the workload is decided again next cycle", "pod", klog.KObj(p), "workload", ad.Workload.Key)
+			ok = false
+			return
+		}
+		recorded[i] = true
+	})
+	if ok {
+		return true
+	}
+	for i, p := range ad.Pods {
+		if recorded[i] {
+			a.rollback(ctx, p)
+		}
+	}
+	return false
+}
+
+// finishDecisions completes or rolls back the decisions an earlier cycle
+// (of this or a previous controller) recorded but did not carry out:
+//   - when every member recorded the decision, or a member was already
+//     ungated, the gated members are ungated now: a gang never runs
+//     partly without the reservation the decision made for all of it;
+//   - otherwise no member has started: the annotation is removed and the
+//     workload is decided again.
+//
+// It returns whether it changed anything.
+func (a *Admitter) finishDecisions(ctx context.Context, snap *admission.Snapshot) bool {
+	logger := klog.FromContext(ctx)
+	type decision struct {
+		members        int
+		gated, started []*corev1.Pod
+	}
+	decisions := map[string]*decision{}
+	for _, p := range snap.Pods {
+		id := p.Annotations[v1alpha1.DecisionAnnotation]
+		if id == "" || p.DeletionTimestamp != nil {
+			continue
+		}
+		d := decisions[id]
+		if d == nil {
+			d = &decision{}
+			_, n, _ := strings.Cut(id, "/")
+			d.members, _ = strconv.Atoi(n)
+			decisions[id] = d
+		}
+		if admission.HasAdmissionGate(p) {
+			d.gated = append(d.gated, p)
+		} else {
+			d.started = append(d.started, p)
+		}
+	}
+	hostnames := map[string]string{}
+	for _, n := range snap.Nodes {
+		hostnames[n.Name] = n.Labels[hostnameLabel]
+	}
+	changed := false
+	now := metav1.Now()
+	for id, d := range decisions {
+		if len(d.gated) == 0 {
+			continue
+		}
+		changed = true
+		if len(d.started) > 0 || len(d.gated)+len(d.started) >= d.members {
+			logger.Info("Completing an admission a controller recorded but did not carry out", "decision", id, "gated", len(d.gated), "started", len(d.started))
+			a.parallel(len(d.gated), func(i int) {
+				p := d.gated[i]
+				pin := a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && p.Labels[v1alpha1.GangLabel] != "")
+				annotations, err := a.ungate(ctx, p, p.Annotations[v1alpha1.NodeAnnotation], pin, hostnames, now)
+				if err != nil {
+					logger.Error(err, "Completing the admission of a pod failed; retrying next cycle", "pod", klog.KObj(p), "decision", id)
+					return
+				}
+				a.remember(&a.ungated, p.UID, annotations)
+			})
+			continue
+		}
+		logger.Info("Rolling back an admission decision that not every member recorded", "decision", id, "recorded", len(d.gated), "members", d.members)
+		a.parallel(len(d.gated), func(i int) { a.rollback(ctx, d.gated[i]) })
+	}
+	return changed
+}
+
+// rollback removes a gated pod's decision annotation.
+func (a *Admitter) rollback(ctx context.Context, p *corev1.Pod) {
+	if err := a.patchAnnotations(ctx, p, map[string]any{v1alpha1.DecisionAnnotation: nil}); err != nil && !apierrors.IsNotFound(err) {
+		klog.FromContext(ctx).Error(err, "Rolling back an admission decision failed; retrying next cycle", "pod", klog.KObj(p))
+	}
+}
+
+// patchAnnotations sets (nil: removes) annotations of the pod it was
+// decided on (the UID precondition refuses a pod recreated under its name).
+func (a *Admitter) patchAnnotations(ctx context.Context, p *corev1.Pod, annotations map[string]any) error {
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": string(p.UID), "annotations": annotations}})
+	if err != nil {
+		return err
+	}
+	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+	return a.Client.Patch(ctx, target, client.RawPatch(types.MergePatchType, data))
 }
 
 func (a *Admitter) parallel(n int, f func(i int)) {

@@ -201,6 +201,23 @@ func (r *replica) shutdown() {
 
 func (e *env) stopController() { e.cur.shutdown() }
 
+// readyNode creates a Ready node. The API server taints new nodes
+// not-ready; envtest runs no node lifecycle controller to lift it.
+func (e *env) readyNode(name string) {
+	e.t.Helper()
+	node := admissiontest.Node(name)
+	status := node.Status
+	e.create(node)
+	node.Spec.Taints = nil
+	if err := e.c.Update(e.ctx, node); err != nil {
+		e.t.Fatal(err)
+	}
+	node.Status = status
+	if err := e.c.Status().Update(e.ctx, node); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func (e *env) create(objs ...client.Object) {
 	e.t.Helper()
 	for _, o := range objs {
@@ -362,19 +379,7 @@ func TestController(t *testing.T) {
 		s.TypeMeta = metav1.TypeMeta{}
 		e.create(s)
 	}
-	// The API server taints new nodes not-ready; envtest runs no node
-	// lifecycle controller to lift it once the node is Ready.
-	node := admissiontest.Node("node-1")
-	status := node.Status
-	e.create(node)
-	node.Spec.Taints = nil
-	if err := e.c.Update(e.ctx, node); err != nil {
-		t.Fatal(err)
-	}
-	node.Status = status
-	if err := e.c.Status().Update(e.ctx, node); err != nil {
-		t.Fatal(err)
-	}
+	e.readyNode("node-1")
 	e.create(admissiontest.Queue("org", "", "", ""), admissiontest.Queue("team-a", "org", "16Gi", "16Gi"), admissiontest.Queue("team-b", "org", "", ""))
 
 	e.startController()
