@@ -29,9 +29,12 @@ func main() {
 	ctx = klog.NewContext(ctx, logger)
 
 	var err error
-	if opts.PrintSlices {
+	switch {
+	case opts.Probe != "":
+		err = plugin.Probe(ctx, opts.HealthcheckSocket, opts.Probe)
+	case opts.PrintSlices:
 		err = plugin.PrintSlices(ctx, &opts, os.Stdout)
-	} else {
+	default:
 		err = plugin.Run(ctx, &opts)
 	}
 	if err != nil {

@@ -180,8 +180,8 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
 	d.helper = helper
-	if o.HealthcheckPort >= 0 {
-		if d.healthServer, err = startHealthServer(ctx, d, o.HealthcheckAddress, o.HealthcheckPort); err != nil {
+	if o.HealthcheckPort >= 0 || o.HealthcheckSocket != "" {
+		if d.healthServer, err = startHealthServer(ctx, d); err != nil {
 			return nil, err
 		}
 	}

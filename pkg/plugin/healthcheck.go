@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -59,30 +62,84 @@ func (o *Options) socketPaths() (registrar, dra string) {
 	return filepath.Join(o.RegistrarDir, reg), filepath.Join(o.PluginDataDir, sock)
 }
 
-func startHealthServer(ctx context.Context, d *Driver, address string, port int) (*healthServer, error) {
-	reg, dra := d.opts.socketPaths()
+// startHealthServer serves the health service on the TCP port (gRPC
+// probes) and/or the Unix socket (exec probes: `kubelet-plugin --probe`).
+// The socket lives in the container's own /tmp, so an old and a new plugin
+// pod in the host network, side by side during a seamless upgrade, never
+// compete for one port.
+func startHealthServer(ctx context.Context, d *Driver) (*healthServer, error) {
+	o := d.opts
+	reg, dra := o.socketPaths()
 	h := &healthServer{registrarSocket: reg, draSocket: dra, published: d.publisher.Published, done: make(chan struct{})}
-	lis, err := net.Listen("tcp", net.JoinHostPort(address, strconv.Itoa(port)))
-	if err != nil {
-		return nil, fmt.Errorf("--healthcheck-port: %w", err)
+	var listeners []net.Listener
+	if o.HealthcheckPort >= 0 {
+		lis, err := net.Listen("tcp", net.JoinHostPort(o.HealthcheckAddress, strconv.Itoa(o.HealthcheckPort)))
+		if err != nil {
+			return nil, fmt.Errorf("--healthcheck-port: %w", err)
+		}
+		h.addr = lis.Addr()
+		listeners = append(listeners, lis)
 	}
-	h.addr = lis.Addr()
+	if o.HealthcheckSocket != "" {
+		if err := os.Remove(o.HealthcheckSocket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("--healthcheck-socket: %w", err)
+		}
+		lis, err := net.Listen("unix", o.HealthcheckSocket)
+		if err != nil {
+			for _, l := range listeners {
+				_ = l.Close()
+			}
+			return nil, fmt.Errorf("--healthcheck-socket: %w", err)
+		}
+		listeners = append(listeners, lis)
+	}
 	h.server = grpc.NewServer()
 	healthpb.RegisterHealthServer(h.server, h)
 	logger := klog.FromContext(ctx)
+	var wg sync.WaitGroup
+	for _, lis := range listeners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := h.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				logger.Error(err, "Health service stopped", "address", lis.Addr().String())
+			}
+		}()
+		logger.Info("Serving gRPC health checks", "address", lis.Addr().String())
+	}
 	go func() {
-		defer close(h.done)
-		if err := h.server.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			logger.Error(err, "Health service stopped")
-		}
+		wg.Wait()
+		close(h.done)
 	}()
-	logger.Info("Serving gRPC health checks", "address", h.addr.String())
 	return h, nil
 }
 
 func (h *healthServer) stop() {
 	h.server.Stop()
 	<-h.done
+}
+
+// Probe asks the health service on the Unix socket about a service, as an
+// exec probe: nil when it is SERVING.
+func Probe(ctx context.Context, socket, service string) error {
+	if socket == "" {
+		return fmt.Errorf("--probe needs --healthcheck-socket, the socket the plugin serves its health service on")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := dialUnix(socket)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		return fmt.Errorf("health service on %s: %w", socket, err)
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("%s: %s", service, resp.GetStatus())
+	}
+	return nil
 }
 
 // Check implements grpc.health.v1.Health.

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,8 +24,10 @@ func TestHealthcheck(t *testing.T) {
 	for _, podUID := range []string{"", "pod-a"} {
 		t.Run("pod-uid="+podUID, func(t *testing.T) {
 			_, ctx := ktesting.NewTestContext(t)
-			opts := nodeOptions(tempDir(t), "t4:1", false, nil)
+			dir := tempDir(t)
+			opts := nodeOptions(dir, "t4:1", false, nil)
 			opts.PodUID, opts.HealthcheckAddress, opts.HealthcheckPort = podUID, "127.0.0.1", 0
+			opts.HealthcheckSocket = filepath.Join(dir, "health.sock")
 			h := startHarness(t, ctx, opts)
 			conn, err := grpc.NewClient(h.driver.healthServer.addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -42,6 +45,12 @@ func TestHealthcheck(t *testing.T) {
 					return err == nil && s == healthpb.HealthCheckResponse_SERVING
 				})
 			}
+			// The exec probe asks the same service over the Unix socket.
+			for _, service := range []string{HealthLiveness, HealthReadiness, HealthStartup} {
+				if err := Probe(ctx, opts.HealthcheckSocket, service); err != nil {
+					t.Errorf("exec probe %s: %v", service, err)
+				}
+			}
 			if _, err := check("nonsense"); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), HealthLiveness) {
 				t.Errorf("unknown service: %v, want NotFound naming the services", err)
 			}
@@ -55,6 +64,9 @@ func TestHealthcheck(t *testing.T) {
 			for _, service := range []string{HealthLiveness, HealthReadiness} {
 				if s, err := check(service); err != nil || s != healthpb.HealthCheckResponse_NOT_SERVING {
 					t.Errorf("%s without the DRA socket: %v %v, want NOT_SERVING", service, s, err)
+				}
+				if err := Probe(ctx, opts.HealthcheckSocket, service); err == nil || !strings.Contains(err.Error(), "NOT_SERVING") {
+					t.Errorf("exec probe %s without the DRA socket: %v, want NOT_SERVING", service, err)
 				}
 			}
 		})

@@ -50,6 +50,10 @@ type Options struct {
 	// negative port serves none.
 	HealthcheckPort    int
 	HealthcheckAddress string
+	// HealthcheckSocket serves the health service on a Unix socket for
+	// exec probes; Probe, when set, makes the binary such a probe.
+	HealthcheckSocket string
+	Probe             string
 	// BootIDPath is where the node's boot ID is read (no flag; tests
 	// change it). Empty means /proc/sys/kernel/random/boot_id.
 	BootIDPath string
@@ -85,6 +89,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.NvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary used to set GPU time-slice intervals (--gpu-backend=nvml).")
 	fs.StringVar(&o.PodUID, "pod-uid", "", "UID of the plugin's own pod (downward API metadata.uid). When set, an old and a new plugin pod serve side by side during an upgrade (the kubelet plugin library's rolling update): kubelet calls are serialized across both through a lock file in --plugin-data-dir and each call reloads the other's prepared claims.")
 	fs.IntVar(&o.HealthcheckPort, "healthcheck-port", -1, "Port of the gRPC health service (grpc.health.v1) for liveness, readiness and startup probes; negative serves none.")
+	fs.StringVar(&o.HealthcheckSocket, "healthcheck-socket", "", "Unix socket to serve the health service on as well, for exec probes (kubelet-plugin --probe); put it in a directory of the pod's own, e.g. /tmp/health.sock.")
+	fs.StringVar(&o.Probe, "probe", "", "Run as a probe instead of a plugin: ask the plugin's health service on --healthcheck-socket about liveness, readiness or startup, exit 0 when it is serving, 1 otherwise.")
 	fs.StringVar(&o.HealthcheckAddress, "healthcheck-address", "", "Address the health service listens on; empty means every address of the pod's network (what the kubelet's gRPC probe dials).")
 	var ignored []uint
 	for _, x := range health.DefaultIgnoredXIDs {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -468,6 +469,15 @@ func TestKubeletPlugin(t *testing.T) {
 				if spec.HostNetwork {
 					t.Error("hostNetwork is on by default")
 				}
+				for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
+					want := []string{"/usr/bin/kubelet-plugin", "--probe=" + strings.Replace(name, "startup", "readiness", 1), "--healthcheck-socket=/tmp/health.sock"}
+					if probe == nil || probe.Exec == nil || !slices.Equal(probe.Exec.Command, want) {
+						t.Errorf("%s probe %+v, want exec %v", name, probe, want)
+					}
+				}
+				if !hasArg(c, "--healthcheck-socket=/tmp/health.sock") || mountPath(c, "tmp") != "/tmp" {
+					t.Errorf("exec probes need the health socket in the pod's own /tmp: args %v", c.Args)
+				}
 				if a := spec.Affinity; a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil ||
 					len(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) != 2 ||
 					a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "nvidia.com/gpu.present" {
@@ -867,6 +877,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"relative interposer path", []string{"--set", "kubeletPlugin.interposerLibrary=libvgpu.so"}, "interposerLibrary"},
 		{"pull policy", []string{"--set", "image.pullPolicy=Sometimes"}, "pullPolicy"},
 		{"two replicas without leader election", []string{"--set", "controller.replicas=2", "--set", "controller.leaderElection.enabled=false"}, "leaderElection"},
+		{"grpc probes on a host port with seamless upgrades", []string{"--set", "kubeletPlugin.healthcheck.mode=grpc", "--set", "kubeletPlugin.hostNetwork=true"}, "use healthcheck.mode=exec"},
 		{"webhook without controller", []string{"--set", "controller.enabled=false"}, "webhook.enabled"},
 	}
 	for _, tc := range cases {
@@ -962,7 +973,8 @@ func TestFlagsExist(t *testing.T) {
 		ds := get[*appsv1.DaemonSet](t, objs, "DaemonSet", pluginName)
 		d := get[*appsv1.Deployment](t, objs, "Deployment", controllerName)
 		p := container(t, ds.Spec.Template.Spec, "kubelet-plugin")
-		for _, f := range argFlags(p.Args) {
+		args := append(append([]string{}, p.Args...), probeArgs(p)...)
+		for _, f := range argFlags(args) {
 			used["kubelet-plugin"][f] = append(used["kubelet-plugin"][f], vs.name)
 		}
 		for _, f := range argFlags(container(t, d.Spec.Template.Spec, "controller").Args) {
@@ -985,6 +997,17 @@ func TestFlagsExist(t *testing.T) {
 			}
 		})
 	}
+}
+
+// probeArgs are the plugin flags the exec probes pass.
+func probeArgs(c corev1.Container) []string {
+	var out []string
+	for _, probe := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
+		if probe != nil && probe.Exec != nil && len(probe.Exec.Command) > 1 {
+			out = append(out, probe.Exec.Command[1:]...)
+		}
+	}
+	return out
 }
 
 func keys[V any](m map[string]V) []string {

@@ -127,8 +127,9 @@ config:
 {{- if and .Values.webhook.enabled (not .Values.controller.enabled) -}}
 {{- fail "webhook.enabled=true needs controller.enabled=true: the controller serves the webhooks" -}}
 {{- end -}}
-{{- if and (eq .Values.kubeletPlugin.healthcheck.mode "exec") (not .Values.kubeletPlugin.healthcheck.exec.command) -}}
-{{- fail "kubeletPlugin.healthcheck.mode=exec needs kubeletPlugin.healthcheck.exec.command" -}}
+{{- $p := .Values.kubeletPlugin -}}
+{{- if and (eq $p.healthcheck.mode "grpc") $p.hostNetwork $p.seamlessUpgrade -}}
+{{- fail "kubeletPlugin.healthcheck.mode=grpc with hostNetwork: the health port is a host port, which the new pod of a seamless upgrade cannot share with the old one; use healthcheck.mode=exec (the default) or seamlessUpgrade=false" -}}
 {{- end -}}
 {{- end -}}
 
