@@ -38,6 +38,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
@@ -129,7 +130,8 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if whServer != nil {
 		whServer = mgr.GetWebhookServer() // adds it to the manager's runnables
 		decoder := webhook.NewDecoder(scheme)
-		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: decoder}})
+		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: decoder, Reader: direct}})
+		whServer.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: &webhook.ClaimValidator{Decoder: decoder, Reader: direct, Driver: devicemodel.DriverName}})
 		whServer.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: decoder, Reader: direct}})
 		if target != nil {
 			t := *target

@@ -216,7 +216,13 @@ func (c *Catalog) NodeDevices(node string) []*Device { return c.perNode[node] }
 // IsOurClass says whether a device class selects devices of this driver:
 // one of its CEL selectors names the driver.
 func (c *Catalog) IsOurClass(dc *resourceapi.DeviceClass) bool {
-	quoted := strconv.Quote(c.Driver)
+	return ClassSelectsDriver(dc, c.Driver)
+}
+
+// ClassSelectsDriver says whether one of a device class's CEL selectors
+// names the driver (device.driver == "<driver>").
+func ClassSelectsDriver(dc *resourceapi.DeviceClass, driver string) bool {
+	quoted := strconv.Quote(driver)
 	for _, s := range dc.Spec.Selectors {
 		if s.CEL != nil && strings.Contains(s.CEL.Expression, quoted) {
 			return true
