@@ -148,6 +148,13 @@ spec:
 			t.Fatalf("tenant creates template %s: %v", tpl.Name, err)
 		}
 	}
+	// claimPod's container prints its GPU variables; the tenant's also
+	// prints GPU_CORE_UTILIZATION_POLICY.
+	claimPod := func(name, template string) *corev1.Pod {
+		p := claimPod(name, template)
+		p.Spec.Containers[0].Command = []string{"sh", "-c", "env | grep -E 'TESSERA|CUDA|NVIDIA|GPU_' | sort; exec sleep 3600"}
+		return p
+	}
 	queued := func(p *corev1.Pod, q string) *corev1.Pod {
 		p.Labels = map[string]string{"tessera.dev/queue": q}
 		return p
