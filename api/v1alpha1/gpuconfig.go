@@ -16,7 +16,7 @@ import (
 const MaxGpuConfigBytes = 10 * 1024
 
 // gpuConfigFields are the fields a GpuConfig may have, for error messages.
-var gpuConfigFields = []string{"apiVersion", "kind", "enforcement", "timeSliceInterval", "frameworkCaps"}
+var gpuConfigFields = []string{"apiVersion", "kind", "enforcement", "minEnforcement", "timeSliceInterval", "frameworkCaps"}
 
 // DecodeGpuConfig decodes opaque parameters strictly: the apiVersion must
 // be tessera.dev/v1alpha1, the kind GpuConfig, and unknown or duplicate
@@ -91,6 +91,9 @@ func (c *GpuConfig) Validate() error {
 	if c.Enforcement != "" && !slices.Contains(EnforcementModes, c.Enforcement) {
 		errs = append(errs, field.NotSupported(field.NewPath("enforcement"), c.Enforcement, EnforcementModes))
 	}
+	if c.MinEnforcement != "" && FloorRank(c.MinEnforcement) < 0 {
+		errs = append(errs, field.NotSupported(field.NewPath("minEnforcement"), c.MinEnforcement, EnforcementFloors))
+	}
 	if c.TimeSliceInterval != "" && !slices.Contains(TimeSliceIntervals, c.TimeSliceInterval) {
 		errs = append(errs, field.NotSupported(field.NewPath("timeSliceInterval"), c.TimeSliceInterval, TimeSliceIntervals))
 	}
@@ -103,7 +106,9 @@ func (c *GpuConfig) Validate() error {
 }
 
 // Merge returns c with the fields that override sets replaced: a later
-// configuration wins field by field. Neither input is modified.
+// configuration wins field by field, except minEnforcement, where the
+// stronger floor wins (a later configuration cannot lower it). Neither
+// input is modified.
 func (c *GpuConfig) Merge(override *GpuConfig) *GpuConfig {
 	out := c.DeepCopy()
 	if out == nil {
@@ -114,6 +119,9 @@ func (c *GpuConfig) Merge(override *GpuConfig) *GpuConfig {
 	}
 	if override.Enforcement != "" {
 		out.Enforcement = override.Enforcement
+	}
+	if override.MinEnforcement != "" {
+		out.MinEnforcement = MaxFloor(out.MinEnforcement, override.MinEnforcement)
 	}
 	if override.TimeSliceInterval != "" {
 		out.TimeSliceInterval = override.TimeSliceInterval

@@ -29,7 +29,7 @@ func TestDecodeGpuConfig(t *testing.T) {
 			in:   `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","frameworkCaps":[]}`,
 			want: &GpuConfig{FrameworkCaps: []FrameworkCap{}},
 		},
-		{name: "unknown field", in: `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","enforcment":"mps"}`, wantErr: []string{`unknown field "enforcment"`, "enforcement, timeSliceInterval, frameworkCaps"}},
+		{name: "unknown field", in: `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","enforcment":"mps"}`, wantErr: []string{`unknown field "enforcment"`, "enforcement, minEnforcement, timeSliceInterval, frameworkCaps"}},
 		{name: "field case matters", in: `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","Enforcement":"mps"}`, wantErr: []string{`unknown field "Enforcement"`}},
 		{name: "duplicate field", in: `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","enforcement":"mps","enforcement":"none"}`, wantErr: []string{`duplicate field "enforcement"`}},
 		{name: "wrong apiVersion", in: `{"apiVersion":"gpu.nvidia.com/v1beta1","kind":"GpuConfig"}`, wantErr: []string{"apiVersion", `"tessera.dev/v1alpha1"`}},
@@ -72,6 +72,9 @@ func TestValidateNamesFieldAndValues(t *testing.T) {
 		{GpuConfig{Enforcement: "magic"}, []string{"enforcement", `"magic"`, `"none"`, `"interposer"`, `"mps"`, `"auto"`}},
 		{GpuConfig{TimeSliceInterval: "short"}, []string{"timeSliceInterval", `"Default"`, `"Short"`, `"Medium"`, `"Long"`}},
 		{GpuConfig{FrameworkCaps: []FrameworkCap{"pytorch", "tf"}}, []string{"frameworkCaps[1]", `"tf"`, `"pytorch"`, `"xla"`}},
+		{GpuConfig{MinEnforcement: EnforcementAuto}, []string{"minEnforcement", `"auto"`, `"none"`, `"mps"`, `"interposer"`}},
+		{GpuConfig{MinEnforcement: "hard"}, []string{"minEnforcement", `"hard"`}},
+		{GpuConfig{MinEnforcement: EnforcementMPS}, nil},
 		{GpuConfig{}, nil},
 		{GpuConfig{Enforcement: EnforcementInterposer, TimeSliceInterval: TimeSliceMedium, FrameworkCaps: FrameworkCaps}, nil},
 	}
@@ -187,4 +190,34 @@ func FuzzDecodeConfig(f *testing.F) {
 			t.Fatalf("round trip changed %+v into %+v", merged, back)
 		}
 	})
+}
+
+func TestFloorOrderAndMerge(t *testing.T) {
+	tests := []struct {
+		a, b, want EnforcementMode
+	}{
+		{"", "", ""},
+		{"", EnforcementNone, EnforcementNone},
+		{EnforcementNone, EnforcementMPS, EnforcementMPS},
+		{EnforcementMPS, EnforcementNone, EnforcementMPS},
+		{EnforcementMPS, EnforcementInterposer, EnforcementInterposer},
+		{EnforcementInterposer, EnforcementMPS, EnforcementInterposer},
+		{EnforcementInterposer, "", EnforcementInterposer},
+	}
+	for _, tt := range tests {
+		if got := MaxFloor(tt.a, tt.b); got != tt.want {
+			t.Errorf("MaxFloor(%q, %q) = %q, want %q", tt.a, tt.b, got, tt.want)
+		}
+		// A later configuration never lowers the floor.
+		got := (&GpuConfig{MinEnforcement: tt.a}).Merge(&GpuConfig{MinEnforcement: tt.b})
+		if got.MinEnforcement != tt.want {
+			t.Errorf("Merge(%q, %q).MinEnforcement = %q, want %q", tt.a, tt.b, got.MinEnforcement, tt.want)
+		}
+	}
+	if FloorRank(EnforcementAuto) != -1 || FloorRank("x") != -1 {
+		t.Error("auto and unknown values must not rank as floors")
+	}
+	if cfg, err := DecodeGpuConfig([]byte(`{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","minEnforcement":"interposer"}`)); err != nil || cfg.MinEnforcement != EnforcementInterposer {
+		t.Errorf("decode minEnforcement: %+v %v", cfg, err)
+	}
 }

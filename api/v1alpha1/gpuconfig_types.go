@@ -49,6 +49,34 @@ const (
 // EnforcementModes lists the valid enforcement modes.
 var EnforcementModes = []EnforcementMode{EnforcementNone, EnforcementInterposer, EnforcementMPS, EnforcementAuto}
 
+// EnforcementFloors lists the valid values of minEnforcement, weakest
+// first: none < mps < interposer. MIG devices and exclusive whole GPUs are
+// isolated without software and satisfy every floor. See docs/enforcement.md
+// for why the interposer ranks above MPS.
+var EnforcementFloors = []EnforcementMode{EnforcementNone, EnforcementMPS, EnforcementInterposer}
+
+// FloorRank is the position of a floor in EnforcementFloors (0 for none or
+// unset), -1 for a value that is not a floor (auto or unknown).
+func FloorRank(m EnforcementMode) int {
+	if m == "" {
+		return 0
+	}
+	for i, f := range EnforcementFloors {
+		if f == m {
+			return i
+		}
+	}
+	return -1
+}
+
+// MaxFloor returns the stronger of two floors; unset counts as none.
+func MaxFloor(a, b EnforcementMode) EnforcementMode {
+	if a == "" || FloorRank(b) > FloorRank(a) {
+		return b
+	}
+	return a
+}
+
 // TimeSliceInterval is the scheduling time slice of a whole physical GPU
 // (nvidia-smi compute-policy --set-timeslice). It is a property of the GPU:
 // claims on one GPU that ask for different intervals conflict.
@@ -96,6 +124,17 @@ type GpuConfig struct {
 	// partition: auto (default), none, interposer or mps.
 	// +optional
 	Enforcement EnforcementMode `json:"enforcement,omitempty"`
+
+	// MinEnforcement is the administrator's floor: none, mps or
+	// interposer (weakest first). Honoured only in a DeviceClass's
+	// configuration; a claim whose own configuration sets it fails to
+	// prepare. A device whose effective enforcement is weaker than the
+	// floor (the claim asked for less, or the node cannot deliver it: no
+	// interposer library, no MPS daemon) fails to prepare. MIG devices and
+	// exclusive whole GPUs satisfy every floor. Several class
+	// configurations: the strongest floor wins.
+	// +optional
+	MinEnforcement EnforcementMode `json:"minEnforcement,omitempty"`
 
 	// TimeSliceInterval asks for the GPU's scheduling time slice: Default,
 	// Short, Medium or Long. Unset means the claim does not care. The

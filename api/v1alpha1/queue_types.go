@@ -50,10 +50,14 @@ const (
 // ResourceList is an amount per accounted resource.
 type ResourceList map[ResourceName]resource.Quantity
 
-// QueueResource bounds one accounted resource of a queue.
+// QueueResource bounds one accounted resource of a queue. Amounts are at
+// most 1e18 (memory in bytes: an exabyte; GPUs: a quintillion), so the
+// controller's 64-bit sums cannot overflow.
 // +kubebuilder:validation:XValidation:rule="!has(self.quota) || !quantity(string(self.quota)).isLessThan(quantity('0'))",message="quota must not be negative"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit) || !quantity(string(self.limit)).isLessThan(quantity('0'))",message="limit must not be negative"
 // +kubebuilder:validation:XValidation:rule="!has(self.quota) || !has(self.limit) || quantity(string(self.quota)).compareTo(quantity(string(self.limit))) <= 0",message="quota must not be above limit"
+// +kubebuilder:validation:XValidation:rule="!has(self.quota) || !quantity(string(self.quota)).isGreaterThan(quantity('1e18'))",message="quota must be at most 1e18"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit) || !quantity(string(self.limit)).isGreaterThan(quantity('1e18'))",message="limit must be at most 1e18"
 type QueueResource struct {
 	// Quota is guaranteed to the queue: work within it is admitted ahead of
 	// over-quota work and is never reclaimed. Unset means 0.
@@ -94,6 +98,14 @@ type QueueSpec struct {
 	// +kubebuilder:validation:MaxProperties=2
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'gpu.tessera.dev/memory' || k == 'gpu.tessera.dev/gpus')",message="accounted resources are gpu.tessera.dev/memory and gpu.tessera.dev/gpus"
 	Resources map[ResourceName]QueueResource `json:"resources,omitempty"`
+	// NamespaceSelector says which namespaces may put pods into this
+	// queue, as Kueue's ClusterQueue does: a pod whose namespace's labels
+	// do not match is refused at creation. Unset selects every namespace;
+	// an empty selector ({}) selects every namespace too. It is checked on
+	// the queue the pod names (a parent queue's selector does not narrow
+	// its children's).
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 }
 
 // QueueStatus is what the controller observes and decided.

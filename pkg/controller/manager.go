@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -41,6 +42,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
@@ -136,7 +138,8 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if whServer != nil {
 		whServer = mgr.GetWebhookServer() // adds it to the manager's runnables
 		decoder := webhook.NewDecoder(scheme)
-		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: decoder}})
+		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: decoder, Reader: direct}})
+		whServer.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: &webhook.ClaimValidator{Decoder: decoder, Reader: direct, Driver: devicemodel.DriverName, CEL: cel.NewCache(100, cel.Features{})}})
 		whServer.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: decoder, Reader: direct}})
 		if target != nil {
 			t := *target

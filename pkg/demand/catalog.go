@@ -214,27 +214,35 @@ func (c *Catalog) Lookup(pool, name string) *Device { return c.devices[pool+"/"+
 func (c *Catalog) NodeDevices(node string) []*Device { return c.perNode[node] }
 
 // IsOurClass says whether a device class selects devices of this driver,
-// by evaluating its selectors, not by reading their text (a class for
-// `device.driver != "gpu.tessera.dev"` names the driver and selects none of
-// its devices):
-//   - when the selectors decide on the driver (a device that carries only
-//     this driver's name and one that carries another's evaluate
-//     differently), the class is ours unless they reject our driver's;
-//     an error there means they went on to our attributes;
-//   - otherwise (no driver check), it is ours when it selects a device the
-//     driver publishes.
+// by evaluating its selectors, not by reading their text: by
+// ClassSelectsDriver when the selectors decide on the driver, else by
+// whether they select a device the driver publishes.
 func (c *Catalog) IsOurClass(ctx context.Context, dc *resourceapi.DeviceClass) bool {
-	ours, errOurs := c.eval(ctx, &Device{cel: cel.Device{Driver: c.Driver}}, dc.Spec.Selectors)
-	other, errOther := c.eval(ctx, &Device{cel: cel.Device{Driver: "other.driver.invalid"}}, dc.Spec.Selectors)
-	if (errOurs != nil) != (errOther != nil) || ours != other {
-		return ours || errOurs != nil
+	if selects, decided := ClassSelectsDriver(ctx, c.cache, dc, c.Driver); decided {
+		return selects
 	}
 	for _, d := range c.shapes {
-		if ok, err := c.eval(ctx, d, dc.Spec.Selectors); ok && err == nil {
+		if ok, err := evalSelectors(ctx, c.cache, d.cel, dc.Spec.Selectors); ok && err == nil {
 			return true
 		}
 	}
 	return false
+}
+
+// ClassSelectsDriver evaluates a device class's CEL selectors on a device
+// that carries only the driver's name and on one that carries another's.
+// When the two differ, the selectors decide on the driver (decided), and
+// they select the driver's devices unless they reject the first (an error
+// there means they went on to the driver's attributes). The text does not
+// count: `device.driver != "gpu.tessera.dev"` names the driver and selects
+// none of its devices. A class without a driver check is not decided.
+func ClassSelectsDriver(ctx context.Context, cache *cel.Cache, dc *resourceapi.DeviceClass, driver string) (selects, decided bool) {
+	ours, errOurs := evalSelectors(ctx, cache, cel.Device{Driver: driver}, dc.Spec.Selectors)
+	other, errOther := evalSelectors(ctx, cache, cel.Device{Driver: "other.driver.invalid"}, dc.Spec.Selectors)
+	if (errOurs != nil) == (errOther != nil) && ours == other {
+		return false, false
+	}
+	return ours || errOurs != nil, true
 }
 
 // shareCharge is what a share of mem bytes of device d charges.
@@ -427,19 +435,19 @@ func (c *Catalog) matches(ctx context.Context, d *Device, selectors []resourceap
 	return true
 }
 
-// eval evaluates CEL selectors against a device as the allocator does:
-// all must match; the first that does not compile or fails to evaluate is
-// the error.
-func (c *Catalog) eval(ctx context.Context, d *Device, selectors []resourceapi.DeviceSelector) (bool, error) {
+// evalSelectors evaluates CEL selectors against a device as the allocator
+// does: all must match; the first that does not compile or fails to
+// evaluate is the error.
+func evalSelectors(ctx context.Context, cache *cel.Cache, d cel.Device, selectors []resourceapi.DeviceSelector) (bool, error) {
 	for _, s := range selectors {
 		if s.CEL == nil {
 			continue
 		}
-		res := c.cache.GetOrCompile(s.CEL.Expression)
+		res := cache.GetOrCompile(s.CEL.Expression)
 		if res.Error != nil {
 			return false, res.Error
 		}
-		ok, _, err := res.DeviceMatches(ctx, d.cel)
+		ok, _, err := res.DeviceMatches(ctx, d)
 		if err != nil || !ok {
 			return false, err
 		}

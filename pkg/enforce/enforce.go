@@ -81,22 +81,28 @@ const (
 	EnvNvidiaVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
 	EnvCudaVisibleDevices   = "CUDA_VISIBLE_DEVICES"
 	EnvMemoryLimitPrefix    = "CUDA_DEVICE_MEMORY_LIMIT_"
+	EnvMemoryLimit          = "CUDA_DEVICE_MEMORY_LIMIT"
 	EnvSMLimitPrefix        = "CUDA_DEVICE_SM_LIMIT_"
-	EnvSharedCache          = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
-	EnvLDPreload            = "LD_PRELOAD"
-	EnvMPSPinnedMem         = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-	EnvMPSThreads           = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-	EnvMPSPipe              = "CUDA_MPS_PIPE_DIRECTORY"
-	EnvPyTorchAllocConf     = "PYTORCH_CUDA_ALLOC_CONF"
-	EnvXLAFraction          = "XLA_CLIENT_MEM_FRACTION"
-	EnvXLAPythonFraction    = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-	EnvTesseraMode          = "TESSERA_MODE"
-	EnvTesseraEnforced      = "TESSERA_ENFORCED"
-	EnvTesseraDevice        = "TESSERA_DEVICE"
-	EnvTesseraUUID          = "TESSERA_UUID"
-	EnvTesseraMemoryLimit   = "TESSERA_MEMORY_LIMIT"
-	EnvTesseraComputeLimit  = "TESSERA_COMPUTE_LIMIT"
-	EnvTesseraClaim         = "TESSERA_CLAIM"
+	EnvSMLimit              = "CUDA_DEVICE_SM_LIMIT"
+	// EnvCoreUtilizationPolicy is HAMi-core's compute policy: "force"
+	// throttles to CUDA_DEVICE_SM_LIMIT_<i> always; "disable" turns the
+	// compute limiter off.
+	EnvCoreUtilizationPolicy = "GPU_CORE_UTILIZATION_POLICY"
+	EnvSharedCache           = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+	EnvLDPreload             = "LD_PRELOAD"
+	EnvMPSPinnedMem          = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	EnvMPSThreads            = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+	EnvMPSPipe               = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvPyTorchAllocConf      = "PYTORCH_CUDA_ALLOC_CONF"
+	EnvXLAFraction           = "XLA_CLIENT_MEM_FRACTION"
+	EnvXLAPythonFraction     = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+	EnvTesseraMode           = "TESSERA_MODE"
+	EnvTesseraEnforced       = "TESSERA_ENFORCED"
+	EnvTesseraDevice         = "TESSERA_DEVICE"
+	EnvTesseraUUID           = "TESSERA_UUID"
+	EnvTesseraMemoryLimit    = "TESSERA_MEMORY_LIMIT"
+	EnvTesseraComputeLimit   = "TESSERA_COMPUTE_LIMIT"
+	EnvTesseraClaim          = "TESSERA_CLAIM"
 )
 
 // maxInterposerDevices is how many per-device variables the interposer reads.
@@ -111,6 +117,10 @@ type Node struct {
 	// (--mps-pipe-dir): a GPU is served when <dir>/<gpu-uuid>/control or,
 	// for a daemon serving all GPUs, <dir>/control exists.
 	MPSPipeDir string
+	// MinEnforcement is the node's floor (--min-enforcement): none, mps or
+	// interposer. A class's floor (GpuConfig.minEnforcement) adds to it;
+	// the stronger applies.
+	MinEnforcement v1alpha1.EnforcementMode
 }
 
 // mpsDaemon returns the pipe directory of the MPS daemon serving a GPU.
@@ -200,7 +210,10 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 		mpsDir                                   string
 		fraction                                 = math.Inf(1)
 		wantCaps                                 = map[v1alpha1.FrameworkCap]bool{}
-		perDevice                                []string
+		// memLimit and smLimit are every visible device's interposer
+		// limits: its allocation in interposer mode, no cap otherwise.
+		memLimit, smLimit = make([]uint64, len(visible)), make([]int, len(visible))
+		minMem, minSM     = uint64(math.MaxUint64), 100
 	)
 	for i := range visible {
 		v := &visible[i]
@@ -210,14 +223,16 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 		v.Mode, v.Enforced = mode, Advisory
 		reported := a.ReportedTotal
 		mib := a.Memory >> 20
+		// Not capped by the interposer: the device's own memory.
+		memLimit[i], smLimit[i] = max(a.ReportedTotal, a.Memory)>>20, 100
 		switch mode {
 		case ModeMIG, ModeExclusive:
 			v.Enforced = Hard
 		case ModeInterposer:
 			interposer = true
-			perDevice = append(perDevice, fmt.Sprintf("%s%d=%dm", EnvMemoryLimitPrefix, i, mib))
+			memLimit[i], minMem = mib, min(minMem, mib)
 			if a.Cores > 0 && a.Cores < 100 {
-				perDevice = append(perDevice, fmt.Sprintf("%s%d=%d", EnvSMLimitPrefix, i, a.Cores))
+				smLimit[i], minSM = a.Cores, min(minSM, a.Cores)
 			}
 			if node.InterposerLibrary != "" {
 				preload = true
@@ -242,6 +257,9 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 				v.Note = "no MPS daemon serves this GPU (--mps-pipe-dir); the MPS limits take effect only under a daemon"
 			}
 		}
+		if err := checkFloor(*v, a, node); err != nil {
+			return nil, err
+		}
 		for _, fc := range a.Config.FrameworkCaps {
 			wantCaps[fc] = true
 		}
@@ -264,8 +282,21 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 		EnvNvidiaVisibleDevices + "=" + strings.Join(uuids, ","),
 		EnvCudaVisibleDevices + "=" + strings.Join(uuids, ","),
 	}
-	env = append(env, perDevice...)
 	if interposer {
+		// Every variable the interposer reads is set, so that none comes
+		// from the pod: a limit for every visible index (a device the
+		// interposer does not cap gets its own size and 100 %), the
+		// fallbacks it reads for an index without one (the smallest
+		// limit), and the compute policy, which the pod could otherwise
+		// set to "disable" to switch the compute limiter off.
+		for i := range visible {
+			env = append(env, fmt.Sprintf("%s%d=%dm", EnvMemoryLimitPrefix, i, memLimit[i]))
+		}
+		env = append(env, fmt.Sprintf("%s=%dm", EnvMemoryLimit, minMem))
+		for i := range visible {
+			env = append(env, fmt.Sprintf("%s%d=%d", EnvSMLimitPrefix, i, smLimit[i]))
+		}
+		env = append(env, fmt.Sprintf("%s=%d", EnvSMLimit, minSM), EnvCoreUtilizationPolicy+"=force")
 		res.AccountingDir = accountingHostDir
 		containerDir := path.Join(AccountingRoot, claim.UID)
 		env = append(env, fmt.Sprintf("%s=%s/vgpu-%s.cache", EnvSharedCache, containerDir, claim.ShareKey))
@@ -330,6 +361,62 @@ func formatFraction(f float64) string {
 	return strconv.FormatFloat(f, 'f', 3, 64)
 }
 
+// levelRank places what enforces a device on the floor's scale
+// (v1alpha1.EnforcementFloors): advisory is none.
+func levelRank(l Level) int {
+	switch l {
+	case Interposer:
+		return v1alpha1.FloorRank(v1alpha1.EnforcementInterposer)
+	case MPS:
+		return v1alpha1.FloorRank(v1alpha1.EnforcementMPS)
+	}
+	return 0
+}
+
+// modeRank is the best a mode can deliver on any node, on the floor's
+// scale.
+func modeRank(m Mode) int {
+	switch m {
+	case ModeInterposer:
+		return v1alpha1.FloorRank(v1alpha1.EnforcementInterposer)
+	case ModeMPS:
+		return v1alpha1.FloorRank(v1alpha1.EnforcementMPS)
+	}
+	return 0
+}
+
+// checkFloor fails a device whose effective enforcement is weaker than the
+// stronger of its class's floor and the node's. MIG devices and exclusive
+// GPUs are isolated without software and satisfy every floor. The error
+// says who set the floor and whether the claim asked for less or the node
+// cannot deliver it.
+func checkFloor(v visibleDevice, a Allocation, node Node) error {
+	if v.Mode == ModeMIG || v.Mode == ModeExclusive {
+		return nil
+	}
+	floor := v1alpha1.MaxFloor(a.Config.MinEnforcement, node.MinEnforcement)
+	want := v1alpha1.FloorRank(floor)
+	if want <= 0 || levelRank(v.Enforced) >= want {
+		return nil
+	}
+	who := "its DeviceClass (minEnforcement)"
+	if v1alpha1.FloorRank(node.MinEnforcement) >= v1alpha1.FloorRank(a.Config.MinEnforcement) {
+		who = "this node (--min-enforcement)"
+	}
+	dev := strings.Join(v.Devices, "+")
+	asked := a.Config.Enforcement
+	if asked != v1alpha1.EnforcementAuto && modeRank(v.Mode) < want {
+		return fmt.Errorf("device %s: enforcement %s is weaker than the floor %s set by %s; refusing to prepare: use enforcement %s or auto",
+			dev, asked, floor, who, floor)
+	}
+	missing := "no interposer library (--interposer-library)"
+	if floor == v1alpha1.EnforcementMPS && v.Mode != ModeInterposer {
+		missing = fmt.Sprintf("no MPS daemon for GPU %s (--mps-pipe-dir)", a.GPUUUID)
+	}
+	return fmt.Errorf("device %s: the floor %s set by %s cannot be delivered on this node: enforcement %s resolved to %s and the node has %s; refusing to prepare",
+		dev, floor, who, asked, v.Mode, missing)
+}
+
 func effectiveMode(a Allocation, node Node) Mode {
 	switch {
 	case a.Type == devicemodel.TypeMIG:
@@ -387,7 +474,7 @@ func merge(allocs []Allocation) ([]visibleDevice, error) {
 			v.alloc.Cores = min(100, v.alloc.Cores+a.Cores)
 		}
 		v.alloc.Whole = v.alloc.Whole || a.Whole
-		merged := v.alloc.Config.Merge(&v1alpha1.GpuConfig{FrameworkCaps: append(append([]v1alpha1.FrameworkCap(nil), v.alloc.Config.FrameworkCaps...), a.Config.FrameworkCaps...)})
+		merged := v.alloc.Config.Merge(&v1alpha1.GpuConfig{MinEnforcement: a.Config.MinEnforcement, FrameworkCaps: append(append([]v1alpha1.FrameworkCap(nil), v.alloc.Config.FrameworkCaps...), a.Config.FrameworkCaps...)})
 		merged.Normalize()
 		v.alloc.Config = merged
 		if a.Device != v.Devices[len(v.Devices)-1] {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/backend"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
@@ -286,7 +287,7 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		MIG:           mig.New(d.backend),
 		MIGMode:       d.modelCfg.MIGMode,
 		TimeSlice:     timeslice.NewManager(setter),
-		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir},
+		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement)},
 		AccountingDir: filepath.Join(o.PluginDataDir, accountingDir),
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/backend"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/health"
@@ -39,6 +40,10 @@ type Options struct {
 	// MPSPipeDir is where the node's MPS control daemons keep their pipe
 	// directories (<dir>/<gpu-uuid> or <dir> for one daemon for all GPUs).
 	MPSPipeDir string
+	// MinEnforcement is the node's enforcement floor: none, mps or
+	// interposer. A share or time slice whose effective enforcement is
+	// weaker fails to prepare.
+	MinEnforcement string
 	// NvidiaSMI is the nvidia-smi binary that sets GPU time slices.
 	NvidiaSMI string
 	// HealthIgnoredXIDs are XIDs that do not make a device unhealthy.
@@ -86,6 +91,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.InterposerLibrary, "interposer-library", "", "Path on the node of a HAMi-core compatible CUDA interposer (libvgpu.so); when set, shares and time slices enforced by the interposer (enforcement interposer, or auto) get it mounted and preloaded.")
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
+	fs.StringVar(&o.MinEnforcement, "min-enforcement", "none", "The node's enforcement floor: none, mps or interposer (weakest first). A share or time slice whose effective enforcement is weaker (the claim asked for less, or this node lacks --interposer-library or an MPS daemon) fails to prepare; MIG devices and whole GPUs satisfy every floor. A DeviceClass's GpuConfig.minEnforcement can raise it per class.")
 	fs.StringVar(&o.NvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary used to set GPU time-slice intervals (--gpu-backend=nvml).")
 	fs.StringVar(&o.PodUID, "pod-uid", "", "UID of the plugin's own pod (downward API metadata.uid). When set, an old and a new plugin pod serve side by side during an upgrade (the kubelet plugin library's rolling update): kubelet calls are serialized across both through a lock file in --plugin-data-dir and each call reloads the other's prepared claims.")
 	fs.IntVar(&o.HealthcheckPort, "healthcheck-port", -1, "Port of the gRPC health service (grpc.health.v1) for liveness, readiness and startup probes; negative serves none.")
@@ -139,6 +145,9 @@ func (o *Options) Validate() error {
 	}
 	if o.HealthcheckPort > 65535 {
 		return fmt.Errorf("--healthcheck-port=%d is not a port: use 1-65535, or -1 to serve no health service", o.HealthcheckPort)
+	}
+	if v1alpha1.FloorRank(v1alpha1.EnforcementMode(o.MinEnforcement)) < 0 {
+		return fmt.Errorf("--min-enforcement=%s is not supported: use none, mps or interposer", o.MinEnforcement)
 	}
 	if o.RescanInterval < time.Second {
 		return fmt.Errorf("--rescan-interval=%s is too short: use at least 1s", o.RescanInterval)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
@@ -99,6 +100,11 @@ func ConfigFor(claim *resourceapi.ResourceClaim, driver string, result resourcea
 			cfg, err := v1alpha1.DecodeGpuConfig(c.Opaque.Parameters.Raw)
 			if err == nil {
 				err = cfg.Validate()
+			}
+			if err == nil && c.Source != resourceapi.AllocationConfigSourceClass && cfg.MinEnforcement != "" {
+				// The floor is the administrator's: a claim that could
+				// set it could also lower it.
+				err = field.Forbidden(field.NewPath("minEnforcement"), "only a DeviceClass's configuration may set the enforcement floor; remove it from the claim (use enforcement to choose a mode)")
 			}
 			if err != nil {
 				return nil, fmt.Errorf("%s (%s %s): %w", where, v1alpha1.GroupVersion, v1alpha1.GpuConfigKind, err)

@@ -67,9 +67,10 @@ func TestClaimKinds(t *testing.T) {
 			env: map[string]string{
 				"CUDA_DEVICE_MEMORY_LIMIT_0": strconv.Itoa(t4Usable/4>>20) + "m", "TESSERA_DEVICE": "gpu-1-ts-2", "TESSERA_MODE": "interposer",
 				"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:1.000",
+				// A time slice has no compute cap; the pod cannot supply one.
+				"CUDA_DEVICE_SM_LIMIT_0": "100", "GPU_CORE_UTILIZATION_POLICY": "force",
 			},
 			devices: []string{"/dev/nvidia1"},
-			absent:  []string{"CUDA_DEVICE_SM_LIMIT_0"},
 		},
 		{
 			name:    "MIG partition",
@@ -439,5 +440,75 @@ func TestStaticMIG(t *testing.T) {
 	}
 	if len(e.files("cdi")) != 0 || len(e.files("checkpoint")) != 0 {
 		t.Errorf("left: %v %v", e.files("cdi"), e.files("checkpoint"))
+	}
+}
+
+// TestFloor: a claim below its class's or the node's enforcement floor, or
+// one that sets the floor itself, fails to prepare with an error naming
+// the cause, and nothing of it is left (no spec, record, accounting
+// directory or MIG instance); hardware isolation meets any floor.
+func TestFloor(t *testing.T) {
+	lib := filepath.Join(t.TempDir(), "libvgpu.so")
+	tests := []struct {
+		name    string
+		opts    []envOption
+		floor   v1alpha1.EnforcementMode // node
+		claim   *resourceapi.ResourceClaim
+		wantErr []string
+	}{
+		{
+			name:    "claim sets the floor",
+			opts:    []envOption{withInterposer(lib)},
+			claim:   withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClaim, nil, `"minEnforcement":"none"`),
+			wantErr: []string{"claim configuration", "minEnforcement", "only a DeviceClass's configuration may set"},
+		},
+		{
+			name: "claim asks for less than its class",
+			opts: []envOption{withInterposer(lib)},
+			claim: withConfig(withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 0)),
+				resourceapi.AllocationConfigSourceClass, nil, `"minEnforcement":"interposer"`),
+				resourceapi.AllocationConfigSourceClaim, nil, `"enforcement":"none"`),
+			wantErr: []string{"device gpu-0", "enforcement none is weaker than the floor interposer set by its DeviceClass"},
+		},
+		{
+			name:    "node cannot deliver its own floor",
+			floor:   v1alpha1.EnforcementInterposer,
+			claim:   claim("c", share("gpu", "gpu-0", "s-1", gib, 0)),
+			wantErr: []string{"floor interposer set by this node (--min-enforcement) cannot be delivered", "no interposer library"},
+		},
+		{
+			name:    "node floor under a dynamic MIG device",
+			opts:    []envOption{withMIG()},
+			floor:   v1alpha1.EnforcementInterposer,
+			claim:   claim("c", device("mig", "gpu-0-mig-1g5gb-0")),
+			wantErr: nil,
+		},
+		{
+			name:  "class floor met",
+			opts:  []envOption{withInterposer(lib)},
+			claim: withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClass, nil, `"minEnforcement":"interposer"`),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opts := append(tt.opts, func(e *env) { e.opts.Enforce.MinEnforcement = tt.floor })
+			e := newEnv(t, opts...)
+			if tt.wantErr == nil {
+				e.prepare(tt.claim)
+				e.unprepare(tt.claim)
+				e.assertClean()
+				return
+			}
+			_, err := e.p.Prepare(e.ctx, tt.claim)
+			if err == nil {
+				t.Fatalf("prepared; want an error with %q", tt.wantErr)
+			}
+			for _, w := range tt.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			e.assertClean()
+		})
 	}
 }

@@ -401,3 +401,43 @@ func TestParentWithoutResourcesOnlyGroups(t *testing.T) {
 		t.Error("a leaf listing no resources has quota 0")
 	}
 }
+
+// Amounts too large for 64 bits saturate instead of wrapping to 0 or a
+// negative number, and sums saturate instead of overflowing.
+func TestQuantitiesSaturate(t *testing.T) {
+	for _, tc := range []struct {
+		r    Resource
+		q    string
+		want int64
+	}{
+		{Memory, "1e30", math.MaxInt64},
+		{GPUs, "1e30", math.MaxInt64},
+		{GPUs, "1e13", math.MaxInt64}, // 1e19 micro-GPUs
+		{GPUs, "9e12", 9e18},
+		{Memory, "1e18", 1e18},
+		{Memory, "-1e30", math.MinInt64},
+		{Memory, "16Gi", 16 << 30},
+		{GPUs, "1m", 1000},
+		{GPUs, "0", 0},
+	} {
+		if got := FromQuantity(tc.r, resource.MustParse(tc.q)); got != tc.want {
+			t.Errorf("FromQuantity(%s, %s) = %d, want %d", HumanName(tc.r), tc.q, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		a, b, sum, diff int64
+	}{
+		{math.MaxInt64, 1, math.MaxInt64, math.MaxInt64 - 1},
+		{math.MaxInt64, math.MaxInt64, math.MaxInt64, 0},
+		{math.MinInt64, 1, math.MinInt64 + 1, math.MinInt64},
+		{1, math.MinInt64, math.MinInt64 + 1, math.MaxInt64},
+		{5, 3, 8, 2},
+	} {
+		if got := (Vector{Memory: tc.a}).Add(Vector{Memory: tc.b})[Memory]; got != tc.sum {
+			t.Errorf("%d + %d = %d, want %d", tc.a, tc.b, got, tc.sum)
+		}
+		if got := (Vector{Memory: tc.a}).Sub(Vector{Memory: tc.b})[Memory]; got != tc.diff {
+			t.Errorf("%d - %d = %d, want %d", tc.a, tc.b, got, tc.diff)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/bits"
 
+	inf "gopkg.in/inf.v0"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
@@ -36,20 +37,36 @@ var Names = [NumResources]v1alpha1.ResourceName{v1alpha1.ResourceGPUMemory, v1al
 // micro-GPUs.
 type Vector [NumResources]int64
 
-// Add returns v + o.
+// Add returns v + o, saturating at the int64 bounds instead of wrapping.
 func (v Vector) Add(o Vector) Vector {
 	for r := range v {
-		v[r] += o[r]
+		v[r] = satAdd(v[r], o[r])
 	}
 	return v
 }
 
-// Sub returns v - o.
+// Sub returns v - o, saturating at the int64 bounds instead of wrapping.
 func (v Vector) Sub(o Vector) Vector {
 	for r := range v {
-		v[r] -= o[r]
+		if o[r] == math.MinInt64 {
+			v[r] = satAdd(satAdd(v[r], math.MaxInt64), 1)
+			continue
+		}
+		v[r] = satAdd(v[r], -o[r])
 	}
 	return v
+}
+
+// satAdd is a + b clamped to [MinInt64, MaxInt64].
+func satAdd(a, b int64) int64 {
+	s := a + b
+	switch {
+	case a > 0 && b > 0 && s < 0:
+		return math.MaxInt64
+	case a < 0 && b < 0 && s >= 0:
+		return math.MinInt64
+	}
+	return s
 }
 
 // IsZero says whether every component is zero.
@@ -90,12 +107,23 @@ func Quantity(r Resource, v int64) resource.Quantity {
 	return *resource.NewQuantity(v, resource.BinarySI)
 }
 
-// FromQuantity converts an API quantity into the units of r.
+// FromQuantity converts an API quantity into the units of r, saturating
+// at the int64 bounds: a quantity too large for 64 bits (1e30) is the
+// largest amount, never 0 or negative (the CRD bounds amounts at 1e18).
 func FromQuantity(r Resource, q resource.Quantity) int64 {
+	scale := resource.Scale(0)
 	if r == GPUs {
-		return q.ScaledValue(resource.Micro)
+		scale = resource.Micro
 	}
-	return q.Value()
+	// The exact value in units of r: q * 10^-scale.
+	d := new(inf.Dec).Mul(q.AsDec(), inf.NewDec(1, inf.Scale(scale)))
+	switch {
+	case d.Cmp(inf.NewDec(math.MaxInt64, 0)) >= 0:
+		return math.MaxInt64
+	case d.Cmp(inf.NewDec(math.MinInt64, 0)) <= 0:
+		return math.MinInt64
+	}
+	return q.ScaledValue(scale)
 }
 
 // FormatAmount renders an amount the way users write it: memory in the

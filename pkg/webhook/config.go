@@ -41,6 +41,17 @@ func (t Target) clientConfig(path string) admissionregistrationv1.WebhookClientC
 	return cc
 }
 
+// Match conditions of the pod webhooks (the Helm chart repeats them).
+const (
+	// UsesClaimsExpression: the pod uses a ResourceClaim.
+	UsesClaimsExpression = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
+	// SeveralClaimsExpression: a container or init container names two or
+	// more claims.
+	SeveralClaimsExpression = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 1 && " +
+		"(object.spec.containers.exists(c, has(c.resources) && has(c.resources.claims) && size(c.resources.claims) > 1) || " +
+		"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && has(c.resources.claims) && size(c.resources.claims) > 1)))"
+)
+
 // EnsureConfigurations creates or updates the mutating (pods) and
 // validating (queues) webhook configurations to point at the target.
 func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error {
@@ -49,7 +60,31 @@ func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error 
 	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName}}
 	if _, err := controllerutil.CreateOrUpdate(ctx, c, mutating, func() error {
 		mutating.Labels = map[string]string{"app.kubernetes.io/name": "tessera-controller"}
+		podRules := []admissionregistrationv1.RuleWithOperations{{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+			Rule: admissionregistrationv1.Rule{
+				APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"},
+				Scope: ptr.To(admissionregistrationv1.NamespacedScope),
+			},
+		}}
 		mutating.Webhooks = []admissionregistrationv1.MutatingWebhook{{
+			// Pods in a managed namespace (labelled with a queue) that use a
+			// claim and name no queue: they go through the namespace's.
+			Name:         "namespace.gate.pods.tessera.dev",
+			ClientConfig: t.clientConfig(PodsPath),
+			Rules:        podRules,
+			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: v1alpha1.QueueLabel, Operator: metav1.LabelSelectorOpExists,
+			}}},
+			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: v1alpha1.QueueLabel, Operator: metav1.LabelSelectorOpDoesNotExist,
+			}}},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "uses-claims", Expression: UsesClaimsExpression}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](10),
+		}, {
 			Name:         "gate.pods.tessera.dev",
 			ClientConfig: t.clientConfig(PodsPath),
 			Rules: []admissionregistrationv1.RuleWithOperations{{
@@ -76,6 +111,21 @@ func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error 
 	if _, err := controllerutil.CreateOrUpdate(ctx, c, validating, func() error {
 		validating.Labels = map[string]string{"app.kubernetes.io/name": "tessera-controller"}
 		validating.Webhooks = []admissionregistrationv1.ValidatingWebhook{{
+			Name:         "claims.pods.tessera.dev",
+			ClientConfig: t.clientConfig(ClaimsPath),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"},
+					Scope: ptr.To(admissionregistrationv1.NamespacedScope),
+				},
+			}},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "container-uses-several-claims", Expression: SeveralClaimsExpression}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](10),
+		}, {
 			Name:         "validate.queues.tessera.dev",
 			ClientConfig: t.clientConfig(QueuesPath),
 			Rules: []admissionregistrationv1.RuleWithOperations{{

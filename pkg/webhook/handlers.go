@@ -18,6 +18,9 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -34,10 +37,17 @@ const (
 	QueuesPath = "/validate-tessera-dev-v1alpha1-queue"
 )
 
-// PodGater adds the admission scheduling gate to pods created with the
-// queue label. Pods without the label are not touched.
+// PodGater puts pods into their queue at creation: a pod that names a
+// queue with the queue label, or that uses a ResourceClaim in a namespace
+// labelled with a queue (a managed namespace), gets the queue label (the
+// namespace's when it names none) and the admission scheduling gate. A pod
+// naming a queue whose namespaceSelector does not match its namespace is
+// refused. Other pods are not touched.
 type PodGater struct {
 	Decoder admission.Decoder
+	// Reader reads the pod's Namespace and Queue; nil skips the
+	// namespace's queue and the selector check (unit tests of gating).
+	Reader client.Reader
 }
 
 // Handle implements admission.Handler.
@@ -49,16 +59,55 @@ func (g *PodGater) Handle(ctx context.Context, req admission.Request) admission.
 	if err := g.Decoder.Decode(req, pod); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	q, ok := pod.Labels[v1alpha1.QueueLabel]
-	if !ok {
-		return admission.Allowed("no queue label")
+	ns := pod.Namespace
+	if ns == "" {
+		ns = req.Namespace
 	}
-	for _, gate := range pod.Spec.SchedulingGates {
-		if gate.Name == v1alpha1.AdmissionGate {
-			return admission.Allowed("already gated")
+	var nsLabels map[string]string
+	if g.Reader != nil {
+		var namespace corev1.Namespace
+		if err := g.Reader.Get(ctx, client.ObjectKey{Name: ns}, &namespace); err != nil {
+			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading namespace %s: %w", ns, err))
+		}
+		nsLabels = namespace.Labels
+	}
+	q, labelled := pod.Labels[v1alpha1.QueueLabel]
+	stamp := false
+	if !labelled {
+		nsQueue, managed := nsLabels[v1alpha1.QueueLabel]
+		if !managed || len(pod.Spec.ResourceClaims) == 0 {
+			return admission.Allowed("no queue label")
+		}
+		// A managed namespace: its pods that use claims go through its queue.
+		q, stamp = nsQueue, true
+	}
+	if g.Reader != nil && q != "" {
+		var queue v1alpha1.Queue
+		err := g.Reader.Get(ctx, client.ObjectKey{Name: q}, &queue)
+		switch {
+		case apierrors.IsNotFound(err):
+			// The controller says so in the pod's condition until it exists.
+		case err != nil:
+			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading queue %s: %w", q, err))
+		default:
+			if msg := namespaceRefused(&queue, ns, nsLabels); msg != "" {
+				return admission.Denied(msg)
+			}
 		}
 	}
+	gated := false
+	for _, gate := range pod.Spec.SchedulingGates {
+		if gate.Name == v1alpha1.AdmissionGate {
+			gated = true
+		}
+	}
+	if gated && !stamp {
+		return admission.Allowed("already gated")
+	}
 	if pod.Spec.NodeName != "" {
+		if stamp {
+			return admission.Denied(fmt.Sprintf("namespace %s is managed by queue %s (label %s): a pod that uses a ResourceClaim goes through the queue and cannot name a node at creation (spec.nodeName %s); leave spec.nodeName out", ns, q, v1alpha1.QueueLabel, pod.Spec.NodeName))
+		}
 		// A pod bound at creation cannot be gated; the controller charges it.
 		return admission.Allowed("bound at creation: not gated").WithWarnings(fmt.Sprintf("pod names node %s: it bypasses queue %s's admission (it is still charged)", pod.Spec.NodeName, q))
 	}
@@ -66,13 +115,37 @@ func (g *PodGater) Handle(ctx context.Context, req admission.Request) admission.
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	pod.Spec.SchedulingGates = append(pod.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: v1alpha1.AdmissionGate})
+	if stamp {
+		if pod.Labels == nil {
+			pod.Labels = map[string]string{}
+		}
+		pod.Labels[v1alpha1.QueueLabel] = q
+	}
+	if !gated {
+		pod.Spec.SchedulingGates = append(pod.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: v1alpha1.AdmissionGate})
+	}
 	mutated, err := json.Marshal(pod)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	klog.FromContext(ctx).V(4).Info("Gating pod", "pod", klog.KRef(req.Namespace, podName(pod, req)), "queue", q)
+	klog.FromContext(ctx).V(4).Info("Gating pod", "pod", klog.KRef(ns, podName(pod, req)), "queue", q, "fromNamespace", stamp)
 	return admission.PatchResponseFromRaw(orig, mutated)
+}
+
+// namespaceRefused returns why queue q does not take pods of namespace ns
+// (labels nsLabels), or "" when it does.
+func namespaceRefused(q *v1alpha1.Queue, ns string, nsLabels map[string]string) string {
+	if q.Spec.NamespaceSelector == nil {
+		return ""
+	}
+	sel, err := metav1.LabelSelectorAsSelector(q.Spec.NamespaceSelector)
+	if err != nil {
+		return fmt.Sprintf("queue %s has an invalid spec.namespaceSelector (%v): ask the cluster administrator to fix it", q.Name, err)
+	}
+	if sel.Matches(labels.Set(nsLabels)) {
+		return ""
+	}
+	return fmt.Sprintf("queue %s takes pods only from namespaces matching its namespaceSelector %q; namespace %s does not match: use a queue meant for this namespace", q.Name, sel.String(), ns)
 }
 
 func podName(p *corev1.Pod, req admission.Request) string {

@@ -1,0 +1,145 @@
+package webhook_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/webhook"
+)
+
+func namespace(name string, labels map[string]string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+}
+
+// The gater stamps the namespace's queue on claim users of a managed
+// namespace and refuses a queue whose namespaceSelector leaves the pod's
+// namespace out.
+func TestPodGaterNamespaces(t *testing.T) {
+	s := scheme(t)
+	teamA := admissiontest.Queue("team-a", "", "16Gi", "")
+	teamA.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}
+	open := admissiontest.Queue("default", "", "", "")
+	r := fake.NewClientBuilder().WithScheme(s).WithObjects(teamA, open,
+		namespace("a-ns", map[string]string{"team": "a"}),
+		namespace("b-ns", map[string]string{"team": "b"}),
+		namespace("managed", map[string]string{"team": "a", v1alpha1.QueueLabel: "team-a"}),
+	).Build()
+	g := &webhook.PodGater{Decoder: webhook.NewDecoder(s), Reader: r}
+	ctx := context.Background()
+	withClaim := admissiontest.PodOptions{Templates: []string{"gpu"}}
+	for _, tc := range []struct {
+		name       string
+		pod        *corev1.Pod
+		wantDenied string // "" = allowed
+		wantQueue  string // the queue label the patch sets ("" = none)
+		wantGate   bool
+	}{
+		{"matching namespace", admissiontest.Pod("a-ns", "p", admissiontest.PodOptions{Queue: "team-a"}), "", "", true},
+		{"other team's namespace", admissiontest.Pod("b-ns", "p", admissiontest.PodOptions{Queue: "team-a"}), `queue team-a takes pods only from namespaces matching its namespaceSelector "team=a"; namespace b-ns does not match`, "", false},
+		{"already gated, still checked", admissiontest.Pod("b-ns", "p", admissiontest.PodOptions{Queue: "team-a", Gated: true}), "namespace b-ns does not match", "", false},
+		{"queue without a selector takes every namespace", admissiontest.Pod("b-ns", "p", admissiontest.PodOptions{Queue: "default"}), "", "", true},
+		{"unknown queue: the controller says so later", admissiontest.Pod("b-ns", "p", admissiontest.PodOptions{Queue: "nope"}), "", "", true},
+		{"managed namespace: claim user gets its queue", admissiontest.Pod("managed", "p", withClaim), "", "team-a", true},
+		{"managed namespace: own label wins", admissiontest.Pod("managed", "p", admissiontest.PodOptions{Queue: "default", Templates: []string{"gpu"}}), "", "", true},
+		{"managed namespace: gated without label still gets it", admissiontest.Pod("managed", "p", admissiontest.PodOptions{Templates: []string{"gpu"}, Gated: true}), "", "team-a", false},
+		{"managed namespace: no claim, not touched", admissiontest.Pod("managed", "p", admissiontest.PodOptions{}), "", "", false},
+		{"unmanaged namespace: unlabelled claim user not touched", admissiontest.Pod("a-ns", "p", withClaim), "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := g.Handle(ctx, request(t, admissionv1.Create, "p", tc.pod))
+			msg := ""
+			if resp.Result != nil {
+				msg = resp.Result.Message
+			}
+			if tc.wantDenied != "" {
+				if resp.Allowed || !strings.Contains(msg, tc.wantDenied) {
+					t.Fatalf("allowed=%v %q, want refused with %q", resp.Allowed, msg, tc.wantDenied)
+				}
+				return
+			}
+			if !resp.Allowed {
+				t.Fatalf("refused: %q", msg)
+			}
+			data, _ := json.Marshal(resp.Patches)
+			if got := strings.Contains(string(data), v1alpha1.AdmissionGate); got != tc.wantGate {
+				t.Errorf("patch %s adds the gate: %v, want %v", data, got, tc.wantGate)
+			}
+			if got := strings.Contains(string(data), `"tessera.dev~1queue"`) || strings.Contains(string(data), `"tessera.dev/queue":"`+tc.wantQueue+`"`); got != (tc.wantQueue != "") {
+				t.Errorf("patch %s sets the queue label: %v, want %q", data, got, tc.wantQueue)
+			}
+			if tc.wantQueue != "" && !strings.Contains(string(data), `"`+tc.wantQueue+`"`) {
+				t.Errorf("patch %s does not name queue %s", data, tc.wantQueue)
+			}
+		})
+	}
+	bound := admissiontest.Pod("managed", "p", withClaim)
+	bound.Spec.NodeName = "n1"
+	if resp := g.Handle(ctx, request(t, admissionv1.Create, "p", bound)); resp.Allowed {
+		t.Error("a claim user bound at creation in a managed namespace skips its queue: want refused")
+	}
+}
+
+// A container with two claims of the driver's classes is refused; one
+// claim of the driver's and one of another driver's (a NIC) is not.
+func TestClaimValidator(t *testing.T) {
+	s := scheme(t)
+	objs := []client.Object{
+		admissiontest.Template("ns", "gpu", admissiontest.Request{Memory: "4Gi"}),
+		admissiontest.Template("ns", "slice", admissiontest.Request{Class: "timeslice.tessera.dev"}),
+		admissiontest.Claim("ns", "shared-gpu", admissiontest.Request{}),
+		admissiontest.Template("ns", "nic", admissiontest.Request{Class: "nic.example.com"}),
+		&resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"}, Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}},
+		}},
+	}
+	for _, dc := range admissiontest.Classes() {
+		objs = append(objs, dc)
+	}
+	v := &webhook.ClaimValidator{Decoder: webhook.NewDecoder(s), Reader: fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build(), Driver: "gpu.tessera.dev"}
+	pod := func(templates []string, claims []string, init bool) *corev1.Pod {
+		p := admissiontest.Pod("ns", "p", admissiontest.PodOptions{Templates: templates, Claims: claims})
+		c := &p.Spec.Containers[0]
+		if init {
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "busybox"}}
+			c = &p.Spec.InitContainers[0]
+		}
+		for _, rc := range p.Spec.ResourceClaims {
+			c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: rc.Name})
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want string // "" = allowed
+	}{
+		{"one claim", pod([]string{"gpu"}, nil, false), ""},
+		{"two tessera templates", pod([]string{"gpu", "slice"}, nil, false), "container c uses 2 claims with gpu.tessera.dev devices (t0, t1): their limits would collide in the container's environment; use one claim with several requests instead"},
+		{"template and claim", pod([]string{"gpu"}, []string{"shared-gpu"}, false), "uses 2 claims with gpu.tessera.dev devices (c0, t0)"},
+		{"init container", pod([]string{"gpu", "slice"}, nil, true), "container init uses 2 claims"},
+		{"tessera and a NIC", pod([]string{"gpu", "nic"}, nil, false), ""},
+		{"missing template", pod([]string{"gpu", "nope"}, nil, false), "ResourceClaimTemplate nope does not exist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := v.Handle(context.Background(), request(t, admissionv1.Create, "p", tc.pod))
+			msg := ""
+			if resp.Result != nil {
+				msg = resp.Result.Message
+			}
+			if (tc.want == "") != resp.Allowed || !strings.Contains(msg, tc.want) {
+				t.Errorf("allowed=%v %q, want %q", resp.Allowed, msg, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,151 @@
+package helm
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/webhook"
+)
+
+// TestWebhooksInAPIServer installs the chart into a real kube-apiserver and
+// serves the controller's webhook handlers in this process on the URL the
+// chart's configurations name: a queue's namespaceSelector, managed
+// namespaces (label and gate stamped), two Tessera claims in one container,
+// and the Queue webhook on DELETE, as the API server calls them.
+func TestWebhooksInAPIServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and kube-apiserver")
+	}
+	helmBinary(t)
+	s := startAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	port := freePort(t)
+	install := []string{"upgrade", "--install", ReleaseName, ChartPath,
+		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
+		"--values", LocalClusterValues,
+		"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-helm-test/mock-devices",
+		"--set", fmt.Sprintf("webhook.port=%d", port),
+		"--set-string", fmt.Sprintf("webhook.url=https://127.0.0.1:%d", port),
+		"--timeout", "2m"}
+	if out, err := runHelm(t, install...); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(s.config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := webhook.EnsureCA(ctx, c, DefaultNamespace, ReleaseName+"-webhook-tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.ServingCert([]string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Host: "127.0.0.1", Port: port, TLSOpts: []func(*tls.Config){func(c *tls.Config) {
+		c.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
+	}}})
+	dec := webhook.NewDecoder(scheme)
+	srv.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: dec, Reader: c}})
+	srv.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: &webhook.ClaimValidator{Decoder: dec, Reader: c, Driver: "gpu.tessera.dev"}})
+	srv.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: dec, Reader: c}})
+	go func() { _ = srv.Start(ctx) }()
+	if err := webhook.PatchCABundle(ctx, c, ReleaseName+"-pod-admission", ReleaseName+"-queue-validation", ca.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+
+	objs := []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a", Labels: map[string]string{"team": "a"}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b", Labels: map[string]string{"team": "b"}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "managed", Labels: map[string]string{"team": "a", "tessera.dev/queue": "team-a"}}},
+		&resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"}, Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}}}},
+	}
+	for _, ns := range []string{"team-a", "team-b", "managed"} {
+		objs = append(objs, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}})
+		for _, tc := range []struct{ name, class string }{{"gpu", "gpu.tessera.dev"}, {"slice", "timeslice.tessera.dev"}, {"nic", "nic.example.com"}} {
+			objs = append(objs, &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tc.name}, Spec: resourceapi.ResourceClaimTemplateSpec{
+				Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "r", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: tc.class}}}}},
+			}})
+		}
+	}
+	// The webhooks are served once the queue webhook refuses an unknown
+	// parent (its failurePolicy is Ignore: a timeout would let it in).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err := c.Create(ctx, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "probe"}, Spec: v1alpha1.QueueSpec{Parent: "nope"}}, client.DryRunAll)
+		if err != nil && strings.Contains(err.Error(), "does not exist") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the webhook server does not answer: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	teamA := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}, Spec: v1alpha1.QueueSpec{Parent: "org", NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}}}
+	org := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "org"}}
+	objs = append(objs, org, teamA)
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatalf("creating %T %s: %v", o, o.GetName(), err)
+		}
+	}
+
+	pod := func(ns, name string, labels map[string]string, claims ...string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}}}
+		for _, cl := range claims {
+			p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, corev1.PodResourceClaim{Name: cl, ResourceClaimTemplateName: ptr.To(cl)})
+			p.Spec.Containers[0].Resources.Claims = append(p.Spec.Containers[0].Resources.Claims, corev1.ResourceClaim{Name: cl})
+		}
+		return p
+	}
+	create := func(p *corev1.Pod) (*corev1.Pod, error) { return p, c.Create(ctx, p, client.DryRunAll) }
+	refused := func(what string, err error, want string) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want refused with %q", what, err, want)
+		}
+	}
+	_, err = create(pod("team-b", "p", map[string]string{"tessera.dev/queue": "team-a"}, "gpu"))
+	refused("team-b names team-a's queue", err, `queue team-a takes pods only from namespaces matching its namespaceSelector "team=a"; namespace team-b does not match`)
+	if p, err := create(pod("team-a", "p", map[string]string{"tessera.dev/queue": "team-a"}, "gpu")); err != nil || len(p.Spec.SchedulingGates) != 1 {
+		t.Errorf("team-a names its queue: %v, gates %v", err, p.Spec.SchedulingGates)
+	}
+	if p, err := create(pod("managed", "p", nil, "gpu")); err != nil || p.Labels["tessera.dev/queue"] != "team-a" || len(p.Spec.SchedulingGates) != 1 {
+		t.Errorf("claim user in a managed namespace: %v, labels %v, gates %v; want queue team-a and the gate", err, p.Labels, p.Spec.SchedulingGates)
+	}
+	if p, err := create(pod("managed", "p", nil)); err != nil || p.Labels["tessera.dev/queue"] != "" || len(p.Spec.SchedulingGates) != 0 {
+		t.Errorf("pod without claims in a managed namespace: %v, labels %v, gates %v; want untouched", err, p.Labels, p.Spec.SchedulingGates)
+	}
+	if p, err := create(pod("team-b", "p", nil, "gpu")); err != nil || len(p.Spec.SchedulingGates) != 0 {
+		t.Errorf("unlabelled claim user elsewhere: %v, gates %v; want untouched", err, p.Spec.SchedulingGates)
+	}
+	_, err = create(pod("team-b", "p", nil, "gpu", "slice"))
+	refused("one container, two Tessera claims", err, "use one claim with several requests instead")
+	if _, err := create(pod("team-b", "p", nil, "gpu", "nic")); err != nil {
+		t.Errorf("one Tessera claim and a NIC claim: %v", err)
+	}
+	refused("deleting a parent queue", c.Delete(ctx, org.DeepCopy()), "queue org is the parent of team-a")
+}
