@@ -236,13 +236,19 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		setter = timeslice.NvidiaSMI{Path: o.NvidiaSMI}
 	}
 	return prepare.New(prepare.Options{
-		DriverName:    devicemodel.DriverName,
-		NodeName:      o.NodeName,
-		Checkpoints:   store,
-		CDI:           cdispec.Dir{Path: o.CDIRoot},
-		Nodes:         nodes,
-		MIG:           mig.New(d.backend),
-		MIGMode:       d.modelCfg.MIGMode,
+		DriverName:        devicemodel.DriverName,
+		NodeName:          o.NodeName,
+		Checkpoints:       store,
+		CDI:               cdispec.Dir{Path: o.CDIRoot},
+		Nodes:             nodes,
+		MIG:               mig.New(d.backend),
+		MIGMode:           d.modelCfg.MIGMode,
+		MIGDestroyUnknown: o.MIGDestroyUnknown,
+		MIGChanged: func() {
+			if err := d.publisher.Refresh(ctx); err != nil {
+				klog.FromContext(ctx).Error(err, "Rediscovery after destroying unknown MIG instances failed")
+			}
+		},
 		TimeSlice:     timeslice.NewManager(setter),
 		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir},
 		AccountingDir: filepath.Join(o.PluginDataDir, accountingDir),
@@ -255,9 +261,15 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 }
 
 // deviceModelConfig is the node configuration plus a NoSchedule taint on
-// every unhealthy device.
+// every unhealthy device and, in dynamic MIG mode, the rule that leaves out
+// placements blocked by MIG instances no prepared claim owns.
 func (d *Driver) deviceModelConfig() devicemodel.Config {
 	cfg := d.modelCfg
+	if cfg.MIGMode == devicemodel.MIGDynamic && d.preparer != nil {
+		cfg.ForeignMIG = func(gpuUUID string, inst inventory.MIGInstance) bool {
+			return !d.preparer.OwnsMIG(gpuUUID, inst.GIProfileID, inst.Placement.Start)
+		}
+	}
 	if d.health == nil || d.publisher == nil {
 		return cfg
 	}

@@ -28,10 +28,13 @@ type Options struct {
 	// TimeSlicesConfig is a YAML file mapping GPU index or UUID to N.
 	TimeSlicesConfig string
 	MIGMode          string
-	RescanInterval   time.Duration
-	CDIRoot          string
-	PluginDataDir    string
-	RegistrarDir     string
+	// MIGDestroyUnknown destroys MIG instances Tessera did not create at
+	// start (dynamic mode).
+	MIGDestroyUnknown bool
+	RescanInterval    time.Duration
+	CDIRoot           string
+	PluginDataDir     string
+	RegistrarDir      string
 	// MockDeviceRoot is where fake /dev nodes live in mock mode.
 	MockDeviceRoot    string
 	InterposerLibrary string
@@ -67,6 +70,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.TimeSlices, "time-slices", 0, fmt.Sprintf("Time-slice partitions published per non-MIG GPU (gpu-<i>-ts-<k>), 0 to %d; 0 publishes none.", devicemodel.MaxTimeSlices))
 	fs.StringVar(&o.TimeSlicesConfig, "time-slices-config", "", "YAML file overriding --time-slices per GPU, keyed by GPU index or UUID, e.g. `{\"0\": 4, \"1\": 0}`.")
 	fs.StringVar(&o.MIGMode, "mig-mode", string(devicemodel.MIGDynamic), "How MIG-enabled GPUs are published: dynamic (every profile x placement, created at prepare) or static (existing instances).")
+	fs.BoolVar(&o.MIGDestroyUnknown, "mig-destroy-unknown", false, "With --mig-mode=dynamic, destroy at start the MIG instances on MIG-enabled GPUs that Tessera did not create (no prepared claim owns them). Off: they are left, and the placements they block are not published.")
 	fs.DurationVar(&o.RescanInterval, "rescan-interval", time.Minute, "How often GPUs are rediscovered and ResourceSlices republished if they changed.")
 	fs.StringVar(&o.CDIRoot, "cdi-root", "/var/run/cdi", "Directory for the per-claim CDI specs.")
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "/var/lib/kubelet/plugins/"+devicemodel.DriverName, "Plugin data directory: kubelet socket, checkpoint.")
