@@ -28,7 +28,14 @@ type foreignNode struct {
 
 func newForeignNode(t *testing.T, byHand map[string]int) *foreignNode {
 	t.Helper()
-	spec, err := nvmlmock.ParseProfile("h100-80gb")
+	return newMIGNode(t, "h100-80gb", byHand)
+}
+
+// newMIGNode is one mock GPU of model in MIG mode with instances made by
+// hand (profile name -> placement start).
+func newMIGNode(t *testing.T, model string, byHand map[string]int) *foreignNode {
+	t.Helper()
+	spec, err := nvmlmock.ParseProfile(model)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty means in-cluster configuration.")
 	fs.StringVar(&o.Backend.Kind, "gpu-backend", backend.NVML, "Where GPUs come from: nvml (the node's NVIDIA driver) or mock (built-in mock GPUs).")
 	fs.StringVar(&o.Backend.NVMLLibrary, "nvml-library", "", "Path of libnvidia-ml.so.1 for --gpu-backend=nvml (default: the loader's search path).")
-	fs.StringVar(&o.Backend.MockProfile, "mock-profile", "t4:1", "Mock GPUs: <model>[:<count>][,...] with models t4, a10, l4, a100-40gb, h100-80gb, h200-141gb, b200-180gb, or a node: dgxa100, dgxh100, dgxh200, dgxb200.")
+	fs.StringVar(&o.Backend.MockProfile, "mock-profile", "t4:1", "Mock GPUs: <model>[:<count>][,...] with models t4, a10, l4, a100-40gb, a100-80gb, h100-80gb, h200-141gb, b200-180gb, or a node: dgxa100, dgxh100, dgxh200, dgxb200.")
 	fs.StringVar(&o.Backend.MockConfig, "mock-config", "", "YAML file describing the mock node (`gpus: [{model: t4, count: 2}]`); overrides --mock-profile.")
 	fs.StringVar(&o.Backend.MockMIG, "mock-mig", "none", "Put MIG-capable mock GPUs in MIG mode (no instances created): all or none.")
 	fs.StringVar(&o.Backend.MockStateDir, "mock-state-dir", "", "Where mock GPUs keep MIG state across restarts (default: the plugin data directory).")
