@@ -53,6 +53,9 @@ type Config struct {
 	// allocates a placement prepare cannot create. Nil: no instance is
 	// foreign (the inventory has none, or they are all the plugin's).
 	ForeignMIG func(gpuUUID string, inst inventory.MIGInstance) bool
+	// Excluded GPUs (by UUID, with the reason) are not published at all:
+	// something else on the node already hands them out (pkg/coexist).
+	Excluded map[string]string
 }
 
 // Validate checks the configuration; messages name the flag to fix.

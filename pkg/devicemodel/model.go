@@ -97,6 +97,9 @@ func Build(inv *inventory.Inventory, cfg Config) ([]resourceslice.Slice, error) 
 	}
 	var perGPU []gpuDevices
 	for _, gpu := range inv.GPUs {
+		if _, ok := cfg.Excluded[gpu.UUID]; ok {
+			continue
+		}
 		var (
 			g   gpuDevices
 			err error

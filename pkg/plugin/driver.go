@@ -22,6 +22,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/backend"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/coexist"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/health"
@@ -142,6 +143,19 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 	// Discover before serving so that prepare has an inventory.
 	if err := d.publisher.Refresh(ctx); err != nil {
 		return nil, err
+	}
+	// Coexistence: GPUs the device plugin or another DRA driver already
+	// hands out are not published (unless --allow-shared-gpus).
+	if conflicts, err := coexist.Conflicts(ctx, client, o.NodeName, devicemodel.DriverName, d.publisher.Inventory().GPUs); err != nil {
+		logger.Error(err, "Could not check whether another component advertises this node's GPUs; publishing them")
+	} else {
+		coexist.Report(ctx, client, o.NodeName, "tessera-kubelet-plugin", conflicts, o.AllowSharedGPUs)
+		if !o.AllowSharedGPUs && len(conflicts) > 0 {
+			d.modelCfg.Excluded = conflicts
+			if err := d.publisher.Refresh(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
 	d.status = newStatusWriter(client, devicemodel.DriverName)
 	d.preparer, err = d.newPreparer(ctx, bo)

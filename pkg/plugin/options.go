@@ -31,10 +31,13 @@ type Options struct {
 	// MIGDestroyUnknown destroys MIG instances Tessera did not create at
 	// start (dynamic mode).
 	MIGDestroyUnknown bool
-	RescanInterval    time.Duration
-	CDIRoot           string
-	PluginDataDir     string
-	RegistrarDir      string
+	// AllowSharedGPUs publishes GPUs that the NVIDIA device plugin or
+	// another DRA driver already advertises on this node.
+	AllowSharedGPUs bool
+	RescanInterval  time.Duration
+	CDIRoot         string
+	PluginDataDir   string
+	RegistrarDir    string
 	// MockDeviceRoot is where fake /dev nodes live in mock mode.
 	MockDeviceRoot    string
 	InterposerLibrary string
@@ -71,6 +74,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TimeSlicesConfig, "time-slices-config", "", "YAML file overriding --time-slices per GPU, keyed by GPU index or UUID, e.g. `{\"0\": 4, \"1\": 0}`.")
 	fs.StringVar(&o.MIGMode, "mig-mode", string(devicemodel.MIGDynamic), "How MIG-enabled GPUs are published: dynamic (every profile x placement, created at prepare) or static (existing instances).")
 	fs.BoolVar(&o.MIGDestroyUnknown, "mig-destroy-unknown", false, "With --mig-mode=dynamic, destroy at start the MIG instances on MIG-enabled GPUs that Tessera did not create (no prepared claim owns them). Off: they are left, and the placements they block are not published.")
+	fs.BoolVar(&o.AllowSharedGPUs, "allow-shared-gpus", false, "Publish GPUs that this node already advertises through the NVIDIA device plugin (nvidia.com/gpu allocatable) or another DRA driver (same UUID). Off: such GPUs are left out, with a log line and a Warning Event on the Node.")
 	fs.DurationVar(&o.RescanInterval, "rescan-interval", time.Minute, "How often GPUs are rediscovered and ResourceSlices republished if they changed.")
 	fs.StringVar(&o.CDIRoot, "cdi-root", "/var/run/cdi", "Directory for the per-claim CDI specs.")
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "/var/lib/kubelet/plugins/"+devicemodel.DriverName, "Plugin data directory: kubelet socket, checkpoint.")
