@@ -269,9 +269,17 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg
 		},
-		Status: d.status,
+		Status: d.statusWriter(),
 		Crash:  o.crash,
 	}), nil
+}
+
+// statusWriter is the claim status writer, nil without a cluster.
+func (d *Driver) statusWriter() prepare.StatusWriter {
+	if d.status == nil {
+		return nil
+	}
+	return d.status
 }
 
 // deviceModelConfig is the node configuration plus a NoSchedule taint on
