@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz vet fmt generate verify-generated demo print-slices bench bench-smoke clean help
+.PHONY: all build test unit fuzz vet fmt generate verify-generated demo print-slices gpu-smoke bench bench-smoke clean help
 
 all: build
 
@@ -59,6 +59,10 @@ fuzz:
 PROFILE ?= t4:2
 print-slices:
 	$(GO) run ./cmd/kubelet-plugin --gpu-backend=mock --mock-profile=$(PROFILE) --node-name=demo-node --print-slices
+
+## gpu-smoke: on a machine with a real NVIDIA GPU (root, no cluster): discovery, prepare, the CUDA probe in a container per claim, unprepare (docs/hardware.md; GPU_SMOKE_ARGS=...)
+gpu-smoke:
+	hack/gpu-smoke.sh $(GPU_SMOKE_ARGS)
 
 ## demo: the main job: build what is missing, bring up a real local cluster, run every demo/ scenario with narration, tear down (DEMO_ARGS=--keep keeps it)
 demo: demo-cluster

@@ -90,7 +90,7 @@ func openMock(opts Options) (*Backend, error) {
 			capable = capable || len(nvmlmock.Models[m].MIG) > 0
 		}
 		if !capable {
-			return nil, fmt.Errorf("--mock-mig=all: none of the GPUs in %q supports MIG; use a MIG-capable model (a100-40gb, h100-80gb, h200-141gb, b200-180gb or a dgx* node) or --mock-mig=none", opts.MockProfile)
+			return nil, fmt.Errorf("--mock-mig=all: none of the GPUs in %q supports MIG; use a MIG-capable model (a100-40gb, a100-80gb, h100-80gb, h200-141gb, b200-180gb or a dgx* node) or --mock-mig=none", opts.MockProfile)
 		}
 	default:
 		return nil, fmt.Errorf("--mock-mig=%q is not valid: use all or none", opts.MockMIG)

@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/tessera-dev/tessera/pkg/inventory"
 )
 
 // MIGMode says how MIG-enabled GPUs are published.
@@ -44,6 +46,16 @@ type Config struct {
 	MIGMode          MIGMode
 	// Taints are added to devices by name (health).
 	Taints map[string][]resourceapi.DeviceTaint
+	// ForeignMIG says whether a MIG instance that exists on a dynamically
+	// partitioned GPU was not created by this plugin (no record owns it).
+	// Placements such an instance blocks are left out of the slices and
+	// the counters are reduced by what it uses, so that the scheduler never
+	// allocates a placement prepare cannot create. Nil: no instance is
+	// foreign (the inventory has none, or they are all the plugin's).
+	ForeignMIG func(gpuUUID string, inst inventory.MIGInstance) bool
+	// Excluded GPUs (by UUID, with the reason) are not published at all:
+	// something else on the node already hands them out (pkg/coexist).
+	Excluded map[string]string
 }
 
 // Validate checks the configuration; messages name the flag to fix.

@@ -97,13 +97,16 @@ func Build(inv *inventory.Inventory, cfg Config) ([]resourceslice.Slice, error) 
 	}
 	var perGPU []gpuDevices
 	for _, gpu := range inv.GPUs {
+		if _, ok := cfg.Excluded[gpu.UUID]; ok {
+			continue
+		}
 		var (
 			g   gpuDevices
 			err error
 		)
 		switch {
 		case gpu.MIGEnabled && cfg.MIGMode == MIGDynamic:
-			g, err = dynamicMIGDevices(inv, gpu)
+			g, err = dynamicMIGDevices(inv, gpu, ForeignMIGInstances(gpu, cfg.ForeignMIG))
 		case gpu.MIGEnabled:
 			g = staticMIGDevices(inv, gpu)
 		default:
@@ -254,11 +257,33 @@ func profileInstancesCounter(p inventory.MIGProfile) string {
 	return "instances-" + ProfileToken(p.Name)
 }
 
+// ForeignMIGInstances returns the MIG instances on gpu that foreign says
+// the plugin did not create.
+func ForeignMIGInstances(gpu inventory.GPU, foreign func(string, inventory.MIGInstance) bool) []inventory.MIGInstance {
+	if foreign == nil {
+		return nil
+	}
+	var out []inventory.MIGInstance
+	for _, inst := range gpu.MIGInstances {
+		if foreign(gpu.UUID, inst) {
+			out = append(out, inst)
+		}
+	}
+	return out
+}
+
+func overlaps(a, b inventory.Placement) bool {
+	return a.Start < b.Start+b.Size && b.Start < a.Start+a.Size
+}
+
 // dynamicMIGDevices publishes every profile x placement. The counters
 // encode NVML's placement rules: a placement consumes the memory slices it
 // covers, its compute slices, its OFA engines, and one instance of its
 // profile where the profile allows fewer instances than it has placements.
-func dynamicMIGDevices(inv *inventory.Inventory, gpu inventory.GPU) (gpuDevices, error) {
+// Foreign instances (not created by the plugin) are taken off first: the
+// placements they overlap are not published, and the compute slices, OFA
+// engines and profile instances they use are subtracted from the counters.
+func dynamicMIGDevices(inv *inventory.Inventory, gpu inventory.GPU, foreign []inventory.MIGInstance) (gpuDevices, error) {
 	set := CounterSetName(gpu.Index)
 	one := resource.MustParse("1")
 	counters := map[string]resourceapi.Counter{}
@@ -282,6 +307,16 @@ func dynamicMIGDevices(inv *inventory.Inventory, gpu inventory.GPU) (gpuDevices,
 			counters[profileInstancesCounter(p)] = resourceapi.Counter{Value: *resource.NewQuantity(int64(p.InstanceCount), resource.DecimalSI)}
 		}
 	}
+	for _, inst := range foreign {
+		for _, p := range gpu.MIGProfiles {
+			if p.GIProfileID != inst.GIProfileID {
+				continue
+			}
+			subtract(counters, counterComputeSlice, p.SliceCount)
+			subtract(counters, counterOFA, p.OFAs)
+			subtract(counters, profileInstancesCounter(p), 1)
+		}
+	}
 	if len(counters) > maxCountersPerSet {
 		return gpuDevices{}, fmt.Errorf("GPU %d: MIG needs %d counters, more than the %d a counter set may hold", gpu.Index, len(counters), maxCountersPerSet)
 	}
@@ -292,8 +327,14 @@ func dynamicMIGDevices(inv *inventory.Inventory, gpu inventory.GPU) (gpuDevices,
 	profiles := append([]inventory.MIGProfile(nil), gpu.MIGProfiles...)
 	sort.SliceStable(profiles, func(i, j int) bool { return profiles[i].MemoryBytes > profiles[j].MemoryBytes })
 	for _, p := range profiles {
+	placements:
 		for i := len(p.Placements) - 1; i >= 0; i-- {
 			pl := p.Placements[i]
+			for _, inst := range foreign {
+				if overlaps(pl, inst.Placement) {
+					continue placements
+				}
+			}
 			consumed := map[string]resourceapi.Counter{
 				counterComputeSlice: {Value: *resource.NewQuantity(int64(p.SliceCount), resource.DecimalSI)},
 			}
@@ -315,6 +356,16 @@ func dynamicMIGDevices(inv *inventory.Inventory, gpu inventory.GPU) (gpuDevices,
 		}
 	}
 	return out, nil
+}
+
+// subtract lowers a counter by n, not below zero; absent counters stay absent.
+func subtract(counters map[string]resourceapi.Counter, name string, n int) {
+	c, ok := counters[name]
+	if !ok || n == 0 {
+		return
+	}
+	v := max(c.Value.Value()-int64(n), 0)
+	counters[name] = resourceapi.Counter{Value: *resource.NewQuantity(v, resource.DecimalSI)}
 }
 
 // staticMIGDevices publishes the MIG instances that exist.

@@ -92,7 +92,8 @@ func Template(gpu inventory.GPU, p inventory.MIGProfile, start int) (Instance, e
 	return Instance{}, fmt.Errorf("MIG profile %s has no placement starting at %d on GPU %d", p.Name, start, gpu.Index)
 }
 
-// List returns every MIG device on a GPU with its placement.
+// List returns every MIG device on a GPU with its placement; CIProfileID
+// is -1 (not known from the MIG device handle).
 func (m *Manager) List(ctx context.Context, gpuUUID string) ([]Instance, error) {
 	dev, err := m.device(gpuUUID)
 	if err != nil {
@@ -106,7 +107,7 @@ func (m *Manager) List(ctx context.Context, gpuUUID string) ([]Instance, error) 
 	for _, mi := range found {
 		out = append(out, Instance{
 			GPUUUID: gpuUUID, UUID: mi.UUID, GIID: mi.GIID, CIID: mi.CIID, GIProfileID: mi.GIProfileID,
-			Start: mi.Placement.Start, Size: mi.Placement.Size,
+			CIProfileID: -1, Start: mi.Placement.Start, Size: mi.Placement.Size,
 		})
 	}
 	return out, nil
@@ -244,7 +245,9 @@ func (m *Manager) EnsureCI(ctx context.Context, inst *Instance) error {
 	return m.createCI(ctx, gi, inst)
 }
 
-// Destroy destroys the compute instances and the GPU instance. An
+// Destroy destroys the compute instances and the GPU instance (with
+// CIProfileID < 0, compute instances of every profile: an instance Tessera
+// did not create). An
 // instance that is gone is fine; a GPU instance ID that now belongs to a
 // different profile or placement is left alone. The caller holds Lock.
 func (m *Manager) Destroy(ctx context.Context, inst Instance) error {
@@ -271,8 +274,20 @@ func (m *Manager) Destroy(ctx context.Context, inst Instance) error {
 			"profileID", info.ProfileId, "start", info.Placement.Start)
 		return nil
 	}
-	ciInfo, ret := gi.GetComputeInstanceProfileInfo(inst.CIProfileID, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if ret == nvml.SUCCESS {
+	ciProfiles := []int{inst.CIProfileID}
+	if inst.CIProfileID < 0 {
+		// Not created by Tessera: its compute instances may be of any
+		// profile.
+		ciProfiles = ciProfiles[:0]
+		for id := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
+			ciProfiles = append(ciProfiles, id)
+		}
+	}
+	for _, ciProfile := range ciProfiles {
+		ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret != nvml.SUCCESS {
+			continue
+		}
 		cis, ret := gi.GetComputeInstances(&ciInfo)
 		if ret != nvml.SUCCESS {
 			return nvmlErr("list compute instances", ret)

@@ -56,21 +56,14 @@ func profile(id, slices, instances, sms, ce, dec, jpeg, ofa uint32, memMiB uint6
 	}
 }
 
-// hopperLikeMIG builds the seven-slice MIG table shared by A100, H100, H200
-// and B200 (same placements, different memory and SM figures).
-// mem1 is the memory of a one-slice instance, memFull of the 7-slice one;
-// sm1, sm3 and smFull are the SMs of the 1-, 3- and 7-slice instances.
-func hopperLikeMIG(mem1, mem2, mem4, memFull uint64, sm1, sm3, smFull uint32) []MIGProfile {
-	all7 := []uint32{0, 1, 2, 3, 4, 5, 6}
-	return []MIGProfile{
-		profile(nvml.GPU_INSTANCE_PROFILE_1_SLICE, 1, 7, sm1, 1, 1, 0, 0, mem1, placements(1, all7...)),
-		profile(nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 1, 1, sm1, 1, 1, 1, 1, mem1, placements(1, all7...)),
-		profile(nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, 1, 4, sm1, 1, 1, 0, 0, mem2, placements(2, 0, 2, 4, 6)),
-		profile(nvml.GPU_INSTANCE_PROFILE_2_SLICE, 2, 3, 2*sm1, 2, 2, 2, 0, mem2, placements(2, 0, 2, 4)),
-		profile(nvml.GPU_INSTANCE_PROFILE_3_SLICE, 3, 2, sm3, 3, 3, 3, 0, mem4, placements(4, 0, 4)),
-		profile(nvml.GPU_INSTANCE_PROFILE_4_SLICE, 4, 1, 4*sm1, 4, 4, 4, 0, mem4, placements(4, 0)),
-		profile(nvml.GPU_INSTANCE_PROFILE_7_SLICE, 7, 1, smFull, 8, 7, 7, 1, memFull, placements(8, 0)),
-	}
+// sevenSlice builds a model's MIG profiles from the published table tbl
+// (PublishedMIG). mem1, mem2, mem4 and memFull are the MiB NVML reports
+// for profiles of 1, 2, 4 and 8 memory slices; sm1, sm3 and smFull the SMs
+// of the 1-, 3- and 7-compute-slice profiles (2 and 4 are multiples of sm1).
+func sevenSlice(tbl []PublishedMIGProfile, mem1, mem2, mem4, memFull uint64, sm1, sm3, smFull uint32) []MIGProfile {
+	return migFromTable(tbl,
+		map[int]uint64{1: mem1, 2: mem2, 4: mem4, 8: memFull},
+		map[int]uint32{1: sm1, 2: 2 * sm1, 3: sm3, 4: 4 * sm1, 7: smFull})
 }
 
 // Models are the single-GPU kinds; names are what --mock-profile takes.
@@ -90,22 +83,29 @@ var Models = map[string]Model{
 	"a100-40gb": {
 		Name: "NVIDIA A100-SXM4-40GB", Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA,
 		MemoryMiB: 40960, Multiprocessors: 108, CCMajor: 8, CCMinor: 0, PciDeviceID: 0x20B010DE,
-		MIG: hopperLikeMIG(4864, 9856, 19968, 40192, 14, 42, 98),
+		MIG: sevenSlice(PublishedMIG["a100-40gb"], 4864, 9856, 19968, 40192, 14, 42, 98),
+	},
+	"a100-80gb": {
+		Name: "NVIDIA A100-SXM4-80GB", Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA,
+		MemoryMiB: 81920, Multiprocessors: 108, CCMajor: 8, CCMinor: 0, PciDeviceID: 0x20B210DE,
+		MIG: sevenSlice(PublishedMIG["a100-80gb"], 9856, 19968, 40192, 80896, 14, 42, 98),
 	},
 	"h100-80gb": {
 		Name: "NVIDIA H100 80GB HBM3", Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA,
 		MemoryMiB: 81559, Multiprocessors: 132, CCMajor: 9, CCMinor: 0, PciDeviceID: 0x233010DE,
-		MIG: hopperLikeMIG(9856, 20096, 40192, 80896, 16, 60, 132),
+		MIG: sevenSlice(PublishedMIG["h100-80gb"], 9856, 20096, 40192, 80896, 16, 60, 132),
 	},
 	"h200-141gb": {
 		Name: "NVIDIA H200", Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA,
 		MemoryMiB: 143771, Multiprocessors: 132, CCMajor: 9, CCMinor: 0, PciDeviceID: 0x233510DE,
-		MIG: hopperLikeMIG(17792, 35456, 71040, 142336, 16, 60, 132),
+		MIG: sevenSlice(PublishedMIG["h200-141gb"], 17792, 35456, 71040, 142336, 16, 60, 132),
 	},
 	"b200-180gb": {
 		Name: "NVIDIA B200", Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA,
 		MemoryMiB: 183359, Multiprocessors: 148, CCMajor: 10, CCMinor: 0, PciDeviceID: 0x290110DE,
-		MIG: hopperLikeMIG(22784, 45824, 91392, 182528, 18, 66, 148),
+		// No B200 table is transcribed yet: it reuses the H100 table's
+		// engines and placements with B200 memory and SMs.
+		MIG: sevenSlice(PublishedMIG["h100-80gb"], 22784, 45824, 91392, 182528, 18, 66, 148),
 	},
 }
 

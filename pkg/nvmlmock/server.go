@@ -304,8 +304,10 @@ func (d *Device) profile(id uint32) (MIGProfile, bool) {
 }
 
 // createGILocked applies NVML's rules: MIG mode on, a known profile, one of
-// its placements, no overlap with an existing instance, and the profile's
-// instance count.
+// its placements, no overlap with an existing instance (memory slices), the
+// profile's instance count, and the GPU's compute slices and engines (the
+// full-GPU profile's: copy engines, decoders, JPEG and OFA units, which
+// media-extension profiles such as 1g.10gb+me use).
 func (d *Device) createGILocked(profileID uint32, pl nvml.GpuInstancePlacement) (*GpuInstance, nvml.Return) {
 	if d.migMode != nvml.DEVICE_MIG_ENABLE {
 		return nil, nvml.ERROR_NOT_SUPPORTED
@@ -335,11 +337,36 @@ func (d *Device) createGILocked(profileID uint32, pl nvml.GpuInstancePlacement) 
 	if uint32(same) >= p.Info.InstanceCount {
 		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
+	if !d.fitsLocked(p.Info) {
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+	}
 	gi := &GpuInstance{dev: d, id: d.nextGI, profile: p, placement: pl, cis: map[uint32]*ComputeInstance{}}
 	d.nextGI++
 	d.gis[gi.id] = gi
 	gi.setFuncs()
 	return gi, nvml.SUCCESS
+}
+
+// fitsLocked says whether the GPU's compute slices and engines, less those
+// of the existing GPU instances, hold one more instance of info's profile.
+func (d *Device) fitsLocked(info nvml.GpuInstanceProfileInfo) bool {
+	var total nvml.GpuInstanceProfileInfo
+	for _, p := range d.Model.MIG {
+		if p.Info.SliceCount > total.SliceCount {
+			total = p.Info
+		}
+	}
+	used := info
+	for _, gi := range d.gis {
+		u := gi.profile.Info
+		used.SliceCount += u.SliceCount
+		used.CopyEngineCount += u.CopyEngineCount
+		used.DecoderCount += u.DecoderCount
+		used.JpegCount += u.JpegCount
+		used.OfaCount += u.OfaCount
+	}
+	return used.SliceCount <= total.SliceCount && used.CopyEngineCount <= total.CopyEngineCount &&
+		used.DecoderCount <= total.DecoderCount && used.JpegCount <= total.JpegCount && used.OfaCount <= total.OfaCount
 }
 
 func (d *Device) sortedGIs() []*GpuInstance {

@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/backend"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/coexist"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/health"
@@ -154,6 +155,19 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 	if err := d.publisher.Refresh(ctx); err != nil {
 		return nil, err
 	}
+	// Coexistence: GPUs the device plugin or another DRA driver already
+	// hands out are not published (unless --allow-shared-gpus).
+	if conflicts, err := coexist.Conflicts(ctx, client, o.NodeName, devicemodel.DriverName, d.publisher.Inventory().GPUs); err != nil {
+		logger.Error(err, "Could not check whether another component advertises this node's GPUs; publishing them")
+	} else {
+		coexist.Report(ctx, client, o.NodeName, "tessera-kubelet-plugin", conflicts, o.AllowSharedGPUs)
+		if !o.AllowSharedGPUs && len(conflicts) > 0 {
+			d.modelCfg.Excluded = conflicts
+			if err := d.publisher.Refresh(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
 	d.status = newStatusWriter(client, devicemodel.DriverName)
 	d.preparer, err = d.newPreparer(ctx, bo)
 	if err != nil {
@@ -279,29 +293,49 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		setter = timeslice.NvidiaSMI{Path: o.NvidiaSMI}
 	}
 	return prepare.New(prepare.Options{
-		DriverName:    devicemodel.DriverName,
-		NodeName:      o.NodeName,
-		Checkpoints:   store,
-		CDI:           cdispec.Dir{Path: o.CDIRoot},
-		Nodes:         nodes,
-		MIG:           mig.New(d.backend),
-		MIGMode:       d.modelCfg.MIGMode,
+		DriverName:        devicemodel.DriverName,
+		NodeName:          o.NodeName,
+		Checkpoints:       store,
+		CDI:               cdispec.Dir{Path: o.CDIRoot},
+		Nodes:             nodes,
+		MIG:               mig.New(d.backend),
+		MIGMode:           d.modelCfg.MIGMode,
+		MIGDestroyUnknown: o.MIGDestroyUnknown,
+		MIGChanged: func() {
+			if err := d.publisher.Refresh(ctx); err != nil {
+				klog.FromContext(ctx).Error(err, "Rediscovery after destroying unknown MIG instances failed")
+			}
+		},
 		TimeSlice:     timeslice.NewManager(setter),
 		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement)},
 		AccountingDir: filepath.Join(o.PluginDataDir, accountingDir),
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg
 		},
-		Status:     d.status,
+		Status:     d.statusWriter(),
 		Crash:      o.crash,
 		SharedLock: o.sharedLock(),
 	}), nil
 }
 
+// statusWriter is the claim status writer, nil without a cluster.
+func (d *Driver) statusWriter() prepare.StatusWriter {
+	if d.status == nil {
+		return nil
+	}
+	return d.status
+}
+
 // deviceModelConfig is the node configuration plus a NoSchedule taint on
-// every unhealthy device.
+// every unhealthy device and, in dynamic MIG mode, the rule that leaves out
+// placements blocked by MIG instances no prepared claim owns.
 func (d *Driver) deviceModelConfig() devicemodel.Config {
 	cfg := d.modelCfg
+	if cfg.MIGMode == devicemodel.MIGDynamic && d.preparer != nil {
+		cfg.ForeignMIG = func(gpuUUID string, inst inventory.MIGInstance) bool {
+			return !d.preparer.OwnsMIG(gpuUUID, inst.GIProfileID, inst.Placement.Start)
+		}
+	}
 	if d.health == nil || d.publisher == nil {
 		return cfg
 	}

@@ -29,10 +29,16 @@ type Options struct {
 	// TimeSlicesConfig is a YAML file mapping GPU index or UUID to N.
 	TimeSlicesConfig string
 	MIGMode          string
-	RescanInterval   time.Duration
-	CDIRoot          string
-	PluginDataDir    string
-	RegistrarDir     string
+	// MIGDestroyUnknown destroys MIG instances Tessera did not create at
+	// start (dynamic mode).
+	MIGDestroyUnknown bool
+	// AllowSharedGPUs publishes GPUs that the NVIDIA device plugin or
+	// another DRA driver already advertises on this node.
+	AllowSharedGPUs bool
+	RescanInterval  time.Duration
+	CDIRoot         string
+	PluginDataDir   string
+	RegistrarDir    string
 	// MockDeviceRoot is where fake /dev nodes live in mock mode.
 	MockDeviceRoot    string
 	InterposerLibrary string
@@ -75,7 +81,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty means in-cluster configuration.")
 	fs.StringVar(&o.Backend.Kind, "gpu-backend", backend.NVML, "Where GPUs come from: nvml (the node's NVIDIA driver) or mock (built-in mock GPUs).")
 	fs.StringVar(&o.Backend.NVMLLibrary, "nvml-library", "", "Path of libnvidia-ml.so.1 for --gpu-backend=nvml (default: the loader's search path).")
-	fs.StringVar(&o.Backend.MockProfile, "mock-profile", "t4:1", "Mock GPUs: <model>[:<count>][,...] with models t4, a10, l4, a100-40gb, h100-80gb, h200-141gb, b200-180gb, or a node: dgxa100, dgxh100, dgxh200, dgxb200.")
+	fs.StringVar(&o.Backend.MockProfile, "mock-profile", "t4:1", "Mock GPUs: <model>[:<count>][,...] with models t4, a10, l4, a100-40gb, a100-80gb, h100-80gb, h200-141gb, b200-180gb, or a node: dgxa100, dgxh100, dgxh200, dgxb200.")
 	fs.StringVar(&o.Backend.MockConfig, "mock-config", "", "YAML file describing the mock node (`gpus: [{model: t4, count: 2}]`); overrides --mock-profile.")
 	fs.StringVar(&o.Backend.MockMIG, "mock-mig", "none", "Put MIG-capable mock GPUs in MIG mode (no instances created): all or none.")
 	fs.StringVar(&o.Backend.MockStateDir, "mock-state-dir", "", "Where mock GPUs keep MIG state across restarts (default: the plugin data directory).")
@@ -83,6 +89,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.TimeSlices, "time-slices", 0, fmt.Sprintf("Time-slice partitions published per non-MIG GPU (gpu-<i>-ts-<k>), 0 to %d; 0 publishes none.", devicemodel.MaxTimeSlices))
 	fs.StringVar(&o.TimeSlicesConfig, "time-slices-config", "", "YAML file overriding --time-slices per GPU, keyed by GPU index or UUID, e.g. `{\"0\": 4, \"1\": 0}`.")
 	fs.StringVar(&o.MIGMode, "mig-mode", string(devicemodel.MIGDynamic), "How MIG-enabled GPUs are published: dynamic (every profile x placement, created at prepare) or static (existing instances).")
+	fs.BoolVar(&o.MIGDestroyUnknown, "mig-destroy-unknown", false, "With --mig-mode=dynamic, destroy at start the MIG instances on MIG-enabled GPUs that Tessera did not create (no prepared claim owns them). Off: they are left, and the placements they block are not published.")
+	fs.BoolVar(&o.AllowSharedGPUs, "allow-shared-gpus", false, "Publish GPUs that this node already advertises through the NVIDIA device plugin (nvidia.com/gpu allocatable) or another DRA driver (same UUID). Off: such GPUs are left out, with a log line and a Warning Event on the Node.")
 	fs.DurationVar(&o.RescanInterval, "rescan-interval", time.Minute, "How often GPUs are rediscovered and ResourceSlices republished if they changed.")
 	fs.StringVar(&o.CDIRoot, "cdi-root", "/var/run/cdi", "Directory for the per-claim CDI specs.")
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "/var/lib/kubelet/plugins/"+devicemodel.DriverName, "Plugin data directory: kubelet socket, checkpoint.")

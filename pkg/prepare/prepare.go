@@ -52,8 +52,14 @@ type Options struct {
 	Nodes       cdispec.DeviceNodes
 	MIG         *mig.Manager
 	MIGMode     devicemodel.MIGMode
-	TimeSlice   *timeslice.Manager
-	Enforce     enforce.Node
+	// MIGDestroyUnknown destroys, at start, MIG instances on dynamically
+	// partitioned GPUs that no record owns (--mig-destroy-unknown).
+	MIGDestroyUnknown bool
+	// MIGChanged, when set, is called after MIG instances Tessera did not
+	// create were destroyed (the publisher rediscovers).
+	MIGChanged func()
+	TimeSlice  *timeslice.Manager
+	Enforce    enforce.Node
 	// AccountingDir holds a directory per claim for the interposer's
 	// shared accounting file.
 	AccountingDir string

@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/mig"
 )
 
@@ -121,7 +122,9 @@ func (p *Preparer) recoverLocked(ctx context.Context, list ClaimLister) error {
 	if len(pending) > 0 {
 		p.repairPending(ctx, list)
 	}
-	p.reportUnownedMIG(ctx)
+	if p.handleUnownedMIG(ctx) && p.opts.MIGChanged != nil {
+		p.opts.MIGChanged()
+	}
 	return nil
 }
 
@@ -337,28 +340,57 @@ func (p *Preparer) removeFiles(uid, specName, accountingDir string) error {
 	return nil
 }
 
-// reportUnownedMIG logs MIG instances in dynamic mode that no record
-// owns: Tessera did not create them (or lost every trace of doing so),
-// so it leaves them, but they block the placements the scheduler may
-// allocate.
-func (p *Preparer) reportUnownedMIG(ctx context.Context) {
+// OwnsMIG says whether a record (a prepared claim, or a prepare that
+// recorded its intent before creating) holds the MIG instance of a GPU
+// instance profile at a placement. The publisher leaves out the
+// placements of instances no record owns (devicemodel.Config.ForeignMIG).
+func (p *Preparer) OwnsMIG(gpuUUID string, giProfileID, start int) bool {
+	return p.migOwner("", mig.Instance{GPUUUID: gpuUUID, GIProfileID: giProfileID, Start: start}) != nil
+}
+
+// handleUnownedMIG deals with MIG instances in dynamic mode that no record
+// owns: Tessera did not create them (or lost every trace of doing so).
+// With MIGDestroyUnknown they are destroyed, as NVIDIA's DRA driver does;
+// otherwise they are left and logged, and the publisher leaves the
+// placements they block out of the slices. It reports whether it
+// destroyed any.
+func (p *Preparer) handleUnownedMIG(ctx context.Context) bool {
+	logger := klog.FromContext(ctx)
 	inv, _ := p.model()
-	if inv == nil || p.opts.MIGMode != "dynamic" {
-		return
+	if inv == nil || p.opts.MIGMode != devicemodel.MIGDynamic {
+		return false
 	}
+	destroyed := false
 	for _, gpu := range inv.GPUs {
 		if !gpu.MIGEnabled {
 			continue
 		}
+		unlock := p.opts.MIG.Lock(gpu.UUID)
 		all, err := p.opts.MIG.List(ctx, gpu.UUID)
 		if err != nil {
+			unlock()
+			logger.Error(err, "Could not list the MIG instances of a GPU", "gpu", gpu.UUID)
 			continue
 		}
+		seen := map[int]bool{}
 		for _, inst := range all {
-			if p.migOwner("", inst) == nil {
-				klog.FromContext(ctx).Info("MIG instance on a dynamically partitioned GPU is not owned by any prepared claim; Tessera did not record creating it and leaves it, but its placement is unusable",
-					"gpu", gpu.UUID, "gpuInstance", inst.GIID, "start", inst.Start)
+			if seen[inst.GIID] || p.migOwner("", inst) != nil {
+				continue
 			}
+			seen[inst.GIID] = true
+			if !p.opts.MIGDestroyUnknown {
+				logger.Info("MIG instance on a dynamically partitioned GPU was not created by Tessera; leaving it and publishing none of the placements it blocks (--mig-destroy-unknown removes it)",
+					"gpu", gpu.UUID, "gpuInstance", inst.GIID, "giProfileID", inst.GIProfileID, "start", inst.Start, "size", inst.Size)
+				continue
+			}
+			if err := p.opts.MIG.Destroy(ctx, inst); err != nil {
+				logger.Error(err, "Could not destroy a MIG instance Tessera did not create; its placements stay unpublished", "gpu", gpu.UUID, "gpuInstance", inst.GIID)
+				continue
+			}
+			destroyed = true
+			logger.Info("Destroyed a MIG instance Tessera did not create (--mig-destroy-unknown)", "gpu", gpu.UUID, "gpuInstance", inst.GIID, "giProfileID", inst.GIProfileID, "start", inst.Start)
 		}
+		unlock()
 	}
+	return destroyed
 }
