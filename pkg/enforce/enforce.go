@@ -303,7 +303,7 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 		res.Mounts = append(res.Mounts, &cdispec.Mount{
 			HostPath:      accountingHostDir,
 			ContainerPath: containerDir,
-			Options:       []string{"rw", "nosuid", "nodev", "bind"},
+			Options:       []string{"rw", "nosuid", "nodev", "noexec", "bind"},
 		})
 	}
 	if preload {

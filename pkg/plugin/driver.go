@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/backend"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
@@ -236,6 +237,13 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		nodes = cdispec.HostNodes{DevRoot: "/dev", ProcRoot: "/proc"}
 		setter = timeslice.NvidiaSMI{Path: o.NvidiaSMI}
 	}
+	acct := accounting.Dirs{Root: filepath.Join(o.PluginDataDir, accountingDir), Size: o.accountingSize}
+	if err := acct.Probe(); err != nil {
+		// Without CAP_SYS_ADMIN (the chart's unprivileged mock mode) the
+		// directories are plain and their size is not bounded.
+		klog.FromContext(ctx).Info("Warning: accounting directories are not size-limited tmpfs mounts; the plugin cannot mount", "err", err)
+		acct.Unbounded = true
+	}
 	return prepare.New(prepare.Options{
 		DriverName:    devicemodel.DriverName,
 		NodeName:      o.NodeName,
@@ -246,7 +254,7 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		MIGMode:       d.modelCfg.MIGMode,
 		TimeSlice:     timeslice.NewManager(setter),
 		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement)},
-		AccountingDir: filepath.Join(o.PluginDataDir, accountingDir),
+		AccountingDir: acct.Root, AccountingSize: acct.Size, AccountingUnbounded: acct.Unbounded,
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg
 		},

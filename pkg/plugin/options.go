@@ -44,6 +44,9 @@ type Options struct {
 	// interposer. A share or time slice whose effective enforcement is
 	// weaker fails to prepare.
 	MinEnforcement string
+	// AccountingSize bounds each claim's accounting tmpfs (a quantity).
+	AccountingSize string
+	accountingSize uint64
 	// NvidiaSMI is the nvidia-smi binary that sets GPU time slices.
 	NvidiaSMI string
 	// HealthIgnoredXIDs are XIDs that do not make a device unhealthy.
@@ -81,6 +84,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
 	fs.StringVar(&o.MinEnforcement, "min-enforcement", "none", "The node's enforcement floor: none, mps or interposer (weakest first). A share or time slice whose effective enforcement is weaker (the claim asked for less, or this node lacks --interposer-library or an MPS daemon) fails to prepare; MIG devices and whole GPUs satisfy every floor. A DeviceClass's GpuConfig.minEnforcement can raise it per class.")
+	fs.StringVar(&o.AccountingSize, "accounting-size", "16Mi", "Size limit of each claim's accounting tmpfs (the interposer's CUDA_DEVICE_MEMORY_SHARED_CACHE directory, <plugin-data-dir>/accounting/<claimUID>). Where the plugin may not mount, plain directories without a limit are used and a warning is logged.")
 	fs.StringVar(&o.NvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary used to set GPU time-slice intervals (--gpu-backend=nvml).")
 	var ignored []uint
 	for _, x := range health.DefaultIgnoredXIDs {
@@ -126,6 +130,13 @@ func (o *Options) Validate() error {
 	}
 	if o.PluginDataDir == "" {
 		return fmt.Errorf("--plugin-data-dir must not be empty")
+	}
+	if o.AccountingSize != "" {
+		q, err := resource.ParseQuantity(o.AccountingSize)
+		if err != nil || q.Sign() <= 0 || q.Value() < 64<<10 {
+			return fmt.Errorf("--accounting-size=%q is not a valid size: use a quantity of at least 64Ki, such as 16Mi", o.AccountingSize)
+		}
+		o.accountingSize = uint64(q.Value())
 	}
 	if v1alpha1.FloorRank(v1alpha1.EnforcementMode(o.MinEnforcement)) < 0 {
 		return fmt.Errorf("--min-enforcement=%s is not supported: use none, mps or interposer", o.MinEnforcement)

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
@@ -71,6 +72,14 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	for _, o := range opts {
 		o(e)
 	}
+	// Claims left prepared (crash tests) leave their accounting tmpfs
+	// mounted; unmount them before the temp directory is removed.
+	t.Cleanup(func() {
+		entries, _ := os.ReadDir(filepath.Join(e.dir, "accounting"))
+		for _, en := range entries {
+			_ = accounting.RemoveDir(ctx, filepath.Join(e.dir, "accounting", en.Name()))
+		}
+	})
 	e.start()
 	return e
 }

@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
@@ -57,6 +57,12 @@ type Options struct {
 	// AccountingDir holds a directory per claim for the interposer's
 	// shared accounting file.
 	AccountingDir string
+	// AccountingSize bounds each claim's accounting tmpfs in bytes (0:
+	// accounting.DefaultSize).
+	AccountingSize uint64
+	// AccountingUnbounded makes plain directories instead of tmpfs mounts,
+	// for a plugin that may not mount.
+	AccountingUnbounded bool
 	// Model returns the current inventory and device-model configuration.
 	Model  func() (*inventory.Inventory, devicemodel.Config)
 	Status StatusWriter
@@ -497,18 +503,12 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 	}
 	if res.AccountingDir != "" {
 		// Fresh for every preparation: a stale accounting file would keep
-		// the limits of an earlier allocation.
-		if err := os.RemoveAll(res.AccountingDir); err != nil {
+		// the limits of an earlier allocation. A size-limited tmpfs.
+		dir, err := p.accounting().Create(ctx, rec.UID)
+		if err != nil {
 			return nil, err
 		}
-		if err := os.MkdirAll(res.AccountingDir, 0o777); err != nil {
-			return nil, fmt.Errorf("accounting directory: %w", err)
-		}
-		// Containers may run as any user.
-		if err := os.Chmod(res.AccountingDir, 0o1777); err != nil {
-			return nil, err
-		}
-		rec.AccountingDir = res.AccountingDir
+		rec.AccountingDir = dir
 	}
 	control, err := p.opts.Nodes.Control()
 	if err != nil {
@@ -582,8 +582,8 @@ func (p *Preparer) undo(ctx context.Context, rec *checkpoint.Claim, clearStatus 
 	if dir == "" {
 		dir = p.accountingDir(rec.UID)
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove accounting directory: %w", err)
+	if err := accounting.RemoveDir(ctx, dir); err != nil {
+		return err
 	}
 	for _, d := range rec.Devices {
 		if d.MIG == nil || !d.MIG.Created {

@@ -11,10 +11,12 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
@@ -511,4 +513,41 @@ func TestFloor(t *testing.T) {
 			e.assertClean()
 		})
 	}
+}
+
+// TestAccountingTmpfs: an interposer claim's accounting directory is its
+// own size-limited tmpfs, fresh at every prepare, and unprepare (or the
+// unprepare of a claim whose record was lost) unmounts and removes it.
+func TestAccountingTmpfs(t *testing.T) {
+	lib := filepath.Join(t.TempDir(), "libvgpu.so")
+	e := newEnv(t, withInterposer(lib))
+	if err := (accounting.Dirs{Root: e.opts.AccountingDir}).Probe(); err != nil {
+		t.Skipf("cannot mount here: %v", err)
+	}
+	e.opts.AccountingSize = 1 << 20
+	e.p = New(e.opts)
+	c := withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClaim, nil, `"enforcement":"interposer"`)
+	e.prepare(c)
+	dir := filepath.Join(e.opts.AccountingDir, string(c.UID))
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC || uint64(fs.Blocks)*uint64(fs.Bsize) != 1<<20 {
+		t.Fatalf("accounting directory: type %#x, size %d, %v; want a 1 MiB tmpfs", fs.Type, uint64(fs.Blocks)*uint64(fs.Bsize), err)
+	}
+	e.unprepare(c)
+	e.assertClean()
+
+	// A leftover mount without a record (a crash, a lost checkpoint) is
+	// removed by the kubelet's unprepare.
+	e.prepare(c)
+	if err := e.opts.Checkpoints.Delete(string(c.UID)); err != nil {
+		t.Fatal(err)
+	}
+	e.p = New(e.opts)
+	if err := e.p.Unprepare(e.ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	if mounted, err := accounting.IsMountPoint(dir); mounted || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("leftover accounting directory: mounted %v, %v", mounted, err)
+	}
+	e.assertClean()
 }
