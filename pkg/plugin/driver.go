@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/prepare"
 	"github.com/tessera-dev/tessera/pkg/publish"
@@ -39,6 +40,7 @@ import (
 const (
 	checkpointDir = "checkpoint"
 	accountingDir = "accounting"
+	mpsDir        = "mps"
 	mockDevDir    = "mock-dev"
 	// MockTimeSliceFile records the mock GPUs' time-slice intervals in the
 	// mock state directory.
@@ -244,6 +246,13 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		klog.FromContext(ctx).Info("Warning: accounting directories are not size-limited tmpfs mounts; the plugin cannot mount", "err", err)
 		acct.Unbounded = true
 	}
+	var mpsManager *mps.Manager
+	if o.MPSControl != "" {
+		mpsManager = &mps.Manager{Root: filepath.Join(o.PluginDataDir, mpsDir), Control: mps.Exec{Path: o.MPSControl}}
+		if d.backend.Mock != nil {
+			mpsManager.Control = mps.Fake{}
+		}
+	}
 	return prepare.New(prepare.Options{
 		DriverName:    devicemodel.DriverName,
 		NodeName:      o.NodeName,
@@ -253,7 +262,8 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		MIG:           mig.New(d.backend),
 		MIGMode:       d.modelCfg.MIGMode,
 		TimeSlice:     timeslice.NewManager(setter),
-		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement)},
+		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement), MPSPerClaim: mpsManager != nil},
+		MPS:           mpsManager,
 		AccountingDir: acct.Root, AccountingSize: acct.Size, AccountingUnbounded: acct.Unbounded,
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg

@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
@@ -52,6 +53,8 @@ type env struct {
 	profile  string
 	mig      bool
 	lastList []resourceapi.ResourceClaim
+	// lastMounts are the mounts of the last inject.
+	lastMounts []oci.Mount
 }
 
 type envOption func(*env)
@@ -59,6 +62,12 @@ type envOption func(*env)
 func withMIG() envOption { return func(e *env) { e.mig = true; e.profile = "a100-40gb" } }
 func withTimeSlices(n int) envOption {
 	return func(e *env) { e.cfg.TimeSlices = n }
+}
+func withMPSPerClaim() envOption {
+	return func(e *env) {
+		e.opts.MPS = &mps.Manager{Root: filepath.Join(e.dir, "mps"), Control: mps.Fake{}}
+		e.opts.Enforce.MPSPerClaim = true
+	}
 }
 func withInterposer(lib string) envOption {
 	return func(e *env) { e.opts.Enforce.InterposerLibrary = lib }
@@ -104,7 +113,7 @@ func (e *env) start() {
 		t.Fatal(err)
 	}
 	e.status = &fakeStatus{set: map[types.UID][]resourceapi.AllocatedDeviceStatus{}}
-	enf := e.opts.Enforce
+	enf, mpsManager := e.opts.Enforce, e.opts.MPS
 	e.opts = Options{
 		DriverName: driver, NodeName: node, Checkpoints: store,
 		CDI:       cdispec.Dir{Path: filepath.Join(e.dir, "cdi")},
@@ -115,6 +124,7 @@ func (e *env) start() {
 		Enforce:   enf, AccountingDir: filepath.Join(e.dir, "accounting"),
 		Model:  func() (*inventory.Inventory, devicemodel.Config) { return e.inv, e.cfg },
 		Status: e.status,
+		MPS:    mpsManager,
 	}
 	e.p = New(e.opts)
 	if err := e.p.Recover(e.ctx, e.list); err != nil {
@@ -159,6 +169,7 @@ func (e *env) inject(ids ...string) (map[string]string, []string) {
 	if _, err := cache.InjectDevices(spec, ids...); err != nil {
 		e.t.Fatal(err)
 	}
+	e.lastMounts = spec.Mounts
 	env := map[string]string{}
 	for _, kv := range spec.Process.Env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -208,7 +219,7 @@ func (e *env) files(sub string) []string {
 // assertClean checks that nothing of any claim is left.
 func (e *env) assertClean() {
 	e.t.Helper()
-	for _, sub := range []string{"cdi", "checkpoint", "accounting"} {
+	for _, sub := range []string{"cdi", "checkpoint", "accounting", "mps"} {
 		if f := e.files(sub); len(f) > 0 {
 			e.t.Errorf("%s left: %v", sub, f)
 		}

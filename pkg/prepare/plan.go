@@ -269,7 +269,11 @@ func (p *Preparer) enforceClaim(pl *plan) enforce.Claim {
 	for _, d := range pl.devices {
 		results = append(results, d.result)
 	}
-	return enforce.Claim{Namespace: pl.claim.Namespace, Name: pl.claim.Name, UID: string(pl.claim.UID), ShareKey: shareKey(results)}
+	c := enforce.Claim{Namespace: pl.claim.Namespace, Name: pl.claim.Name, UID: string(pl.claim.UID), ShareKey: shareKey(results)}
+	if p.opts.MPS != nil {
+		c.MPSPipeDir = p.opts.MPS.PipeDir(c.UID)
+	}
+	return c
 }
 
 func (p *Preparer) allocations(pl *plan) []enforce.Allocation {

@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
 
@@ -63,6 +64,9 @@ type Options struct {
 	// AccountingUnbounded makes plain directories instead of tmpfs mounts,
 	// for a plugin that may not mount.
 	AccountingUnbounded bool
+	// MPS starts one MPS control daemon per claim in mps mode; nil when
+	// the node does not (then node daemons, Enforce.MPSPipeDir, serve).
+	MPS *mps.Manager
 	// Model returns the current inventory and device-model configuration.
 	Model  func() (*inventory.Inventory, devicemodel.Config)
 	Status StatusWriter
@@ -220,6 +224,11 @@ func clone(c *checkpoint.Claim) *checkpoint.Claim {
 			cp := *m
 			out.Devices[i].MIG = &cp
 		}
+	}
+	if c.MPS != nil {
+		m := *c.MPS
+		m.Devices = append([]checkpoint.MPSDevice(nil), c.MPS.Devices...)
+		out.MPS = &m
 	}
 	return &out
 }
@@ -510,6 +519,15 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 		}
 		rec.AccountingDir = dir
 	}
+	if res.MPS != nil {
+		// The claim's own daemon, with its limits set on the daemon side,
+		// before any container can connect.
+		pipe, err := p.opts.MPS.Start(ctx, rec.UID, *res.MPS)
+		if err != nil {
+			return nil, err
+		}
+		rec.MPS = mpsRecord(pipe, *res.MPS)
+	}
 	control, err := p.opts.Nodes.Control()
 	if err != nil {
 		return nil, err
@@ -584,6 +602,11 @@ func (p *Preparer) undo(ctx context.Context, rec *checkpoint.Claim, clearStatus 
 	}
 	if err := accounting.RemoveDir(ctx, dir); err != nil {
 		return err
+	}
+	if p.opts.MPS != nil {
+		if err := p.opts.MPS.Stop(ctx, rec.UID); err != nil {
+			return err
+		}
 	}
 	for _, d := range rec.Devices {
 		if d.MIG == nil || !d.MIG.Created {
@@ -750,4 +773,20 @@ func (k *keyedMutex) lock(key string) func() {
 		}
 		k.mu.Unlock()
 	}
+}
+
+func mpsRecord(pipe string, l mps.Limits) *checkpoint.MPS {
+	r := &checkpoint.MPS{PipeDir: pipe, ThreadPercent: l.ThreadPercent}
+	for _, d := range l.Devices {
+		r.Devices = append(r.Devices, checkpoint.MPSDevice{UUID: d.UUID, MemMiB: d.MemMiB})
+	}
+	return r
+}
+
+func mpsLimits(r *checkpoint.MPS) mps.Limits {
+	l := mps.Limits{ThreadPercent: r.ThreadPercent}
+	for _, d := range r.Devices {
+		l.Devices = append(l.Devices, mps.Device{UUID: d.UUID, MemMiB: d.MemMiB})
+	}
+	return l
 }

@@ -120,6 +120,15 @@ func (p *Preparer) restore(ctx context.Context, c *checkpoint.Claim) {
 			logger.Info("Restored missing CDI spec of prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "spec", c.SpecName)
 		}
 	}
+	if c.MPS != nil && p.opts.MPS != nil && !p.opts.MPS.Running(c.UID) {
+		// The daemon did not survive (a node daemon restart, a plugin
+		// container restart): start it again with the recorded limits.
+		if _, err := p.opts.MPS.Start(ctx, c.UID, mpsLimits(c.MPS)); err != nil {
+			logger.Error(err, "Could not restart the MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
+		} else {
+			logger.Info("Restarted the MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
+		}
+	}
 	if c.AccountingDir != "" {
 		// A plugin restart keeps the claim's tmpfs (and the accounting
 		// file the containers share); one that went missing is made again.
@@ -155,6 +164,17 @@ func (p *Preparer) orphans() (map[string]string, error) {
 		}
 		if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil {
 			out[e.Name()] = "accounting directory without checkpoint"
+		}
+	}
+	if p.opts.MPS != nil {
+		entries, err := os.ReadDir(p.opts.MPS.Root)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return out, err
+		}
+		for _, e := range entries {
+			if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil {
+				out[e.Name()] = "MPS daemon without checkpoint"
+			}
 		}
 	}
 	return out, nil
@@ -295,7 +315,13 @@ func (p *Preparer) removeFiles(uid, specName, accountingDir string) error {
 	if accountingDir == "" {
 		accountingDir = p.accountingDir(uid)
 	}
-	return accounting.RemoveDir(context.Background(), accountingDir)
+	if err := accounting.RemoveDir(context.Background(), accountingDir); err != nil {
+		return err
+	}
+	if p.opts.MPS != nil {
+		return p.opts.MPS.Stop(context.Background(), uid)
+	}
+	return nil
 }
 
 // reportUnownedMIG logs MIG instances in dynamic mode that no record
