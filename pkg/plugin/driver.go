@@ -240,7 +240,10 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		setter = timeslice.NvidiaSMI{Path: o.NvidiaSMI}
 	}
 	acct := accounting.Dirs{Root: filepath.Join(o.PluginDataDir, accountingDir), Size: o.accountingSize}
-	if err := acct.Probe(); err != nil {
+	if !o.AccountingTmpfs {
+		klog.FromContext(ctx).Info("Warning: accounting directories are plain directories without a size limit (--accounting-tmpfs=false)")
+		acct.Unbounded = true
+	} else if err := acct.Probe(); err != nil {
 		// Without CAP_SYS_ADMIN (the chart's unprivileged mock mode) the
 		// directories are plain and their size is not bounded.
 		klog.FromContext(ctx).Info("Warning: accounting directories are not size-limited tmpfs mounts; the plugin cannot mount", "err", err)

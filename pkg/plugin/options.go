@@ -47,6 +47,10 @@ type Options struct {
 	// MPSControl is nvidia-cuda-mps-control: when set, the plugin runs one
 	// MPS control daemon per claim in mps mode (the mock backend fakes it).
 	MPSControl string
+	// AccountingTmpfs makes each claim's accounting directory a tmpfs;
+	// the mounts must reach the container runtime (same mount namespace,
+	// or a shared, Bidirectional plugin data directory).
+	AccountingTmpfs bool
 	// AccountingSize bounds each claim's accounting tmpfs (a quantity).
 	AccountingSize string
 	accountingSize uint64
@@ -88,6 +92,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
 	fs.StringVar(&o.MinEnforcement, "min-enforcement", "none", "The node's enforcement floor: none, mps or interposer (weakest first). A share or time slice whose effective enforcement is weaker (the claim asked for less, or this node lacks --interposer-library or an MPS daemon) fails to prepare; MIG devices and whole GPUs satisfy every floor. A DeviceClass's GpuConfig.minEnforcement can raise it per class.")
 	fs.StringVar(&o.MPSControl, "mps-control", "", "Path of nvidia-cuda-mps-control (e.g. /usr/bin/nvidia-cuda-mps-control on the driver root). When set, every claim in mps mode gets its own MPS control daemon, started by the plugin with the claim's limits set on the daemon side, and only that claim's containers mount its pipe directory; --mps-pipe-dir is then not used. With --gpu-backend=mock any value (e.g. fake) selects an in-process fake daemon.")
+	fs.BoolVar(&o.AccountingTmpfs, "accounting-tmpfs", true, "Make each claim's accounting directory a size-limited tmpfs (--accounting-size). The mounts must reach the container runtime: run the plugin in the host's mount namespace, or mount --plugin-data-dir with Bidirectional propagation (which needs a shared host mount). False: plain directories without a size limit.")
 	fs.StringVar(&o.AccountingSize, "accounting-size", "16Mi", "Size limit of each claim's accounting tmpfs (the interposer's CUDA_DEVICE_MEMORY_SHARED_CACHE directory, <plugin-data-dir>/accounting/<claimUID>). Where the plugin may not mount, plain directories without a limit are used and a warning is logged.")
 	fs.StringVar(&o.NvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary used to set GPU time-slice intervals (--gpu-backend=nvml).")
 	var ignored []uint
