@@ -11,13 +11,15 @@
 //     CUDA_DEVICE_MEMORY_SHARED_CACHE per claim and share; the node's
 //     interposer library is mounted and preloaded when it has one;
 //   - mps: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (<i>=<MiB>M) and
-//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, plus the pipe directory of the GPU's
-//     MPS daemon when one runs;
+//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, plus the pipe directory of the
+//     claim's own MPS daemon (Node.MPSPerClaim; its daemon-side limits are
+//     returned in Result.MPS) or of the GPU's node daemon when one runs;
 //   - none: nothing enforces the limit; it is only accounted and told.
 //
 // "auto" (the default) resolves to interposer when the node has an
-// interposer library, else to mps when an MPS daemon serves the GPU, else to
-// none. TESSERA_* variables always tell the workload its mode, devices,
+// interposer library, else to mps when an MPS daemon serves the GPU (or the
+// node runs one per claim), else to none. A device whose effective
+// enforcement is below the class's or node's floor (minEnforcement) fails. TESSERA_* variables always tell the workload its mode, devices,
 // limits and what actually enforces them.
 package enforce
 
@@ -437,7 +439,7 @@ func checkFloor(v visibleDevice, a Allocation, node Node) error {
 	}
 	missing := "no interposer library (--interposer-library)"
 	if floor == v1alpha1.EnforcementMPS && v.Mode != ModeInterposer {
-		missing = fmt.Sprintf("no MPS daemon for GPU %s (--mps-pipe-dir)", a.GPUUUID)
+		missing = fmt.Sprintf("no MPS daemon for GPU %s (--mps-control for one per claim, or --mps-pipe-dir)", a.GPUUUID)
 	}
 	return fmt.Errorf("device %s: the floor %s set by %s cannot be delivered on this node: enforcement %s resolved to %s and the node has %s; refusing to prepare",
 		dev, floor, who, asked, v.Mode, missing)
