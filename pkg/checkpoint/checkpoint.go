@@ -59,11 +59,29 @@ type Claim struct {
 	SpecName string `json:"specName"`
 	// AccountingDir is the host directory for the interposer's shared
 	// cache; empty when none was made.
-	AccountingDir string   `json:"accountingDir,omitempty"`
-	Devices       []Device `json:"devices"`
+	AccountingDir string `json:"accountingDir,omitempty"`
+	// MPS is the claim's own MPS control daemon, when one was started:
+	// its pipe directory and the daemon-side limits, to start it again if
+	// it is gone after a plugin restart.
+	MPS     *MPS     `json:"mps,omitempty"`
+	Devices []Device `json:"devices"`
 	// Spec is the CDI spec that was written, to rewrite it if it goes
 	// missing.
 	Spec *cdispec.Spec `json:"spec,omitempty"`
+}
+
+// MPS records a claim's MPS control daemon.
+type MPS struct {
+	PipeDir string `json:"pipeDir"`
+	// Devices and ThreadPercent are its daemon-side limits.
+	Devices       []MPSDevice `json:"devices"`
+	ThreadPercent int         `json:"threadPercent,omitempty"`
+}
+
+// MPSDevice is a GPU an MPS daemon serves with its memory limit.
+type MPSDevice struct {
+	UUID   string `json:"uuid"`
+	MemMiB uint64 `json:"memMiB"`
 }
 
 // Device is one prepared device (allocation result).

@@ -11,13 +11,15 @@
 //     CUDA_DEVICE_MEMORY_SHARED_CACHE per claim and share; the node's
 //     interposer library is mounted and preloaded when it has one;
 //   - mps: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (<i>=<MiB>M) and
-//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, plus the pipe directory of the GPU's
-//     MPS daemon when one runs;
+//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, plus the pipe directory of the
+//     claim's own MPS daemon (Node.MPSPerClaim; its daemon-side limits are
+//     returned in Result.MPS) or of the GPU's node daemon when one runs;
 //   - none: nothing enforces the limit; it is only accounted and told.
 //
 // "auto" (the default) resolves to interposer when the node has an
-// interposer library, else to mps when an MPS daemon serves the GPU, else to
-// none. TESSERA_* variables always tell the workload its mode, devices,
+// interposer library, else to mps when an MPS daemon serves the GPU (or the
+// node runs one per claim), else to none. A device whose effective
+// enforcement is below the class's or node's floor (minEnforcement) fails. TESSERA_* variables always tell the workload its mode, devices,
 // limits and what actually enforces them.
 package enforce
 
@@ -34,6 +36,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/mps"
 )
 
 // Mode is the effective enforcement mode of one visible device.
@@ -121,6 +124,10 @@ type Node struct {
 	// interposer. A class's floor (GpuConfig.minEnforcement) adds to it;
 	// the stronger applies.
 	MinEnforcement v1alpha1.EnforcementMode
+	// MPSPerClaim: the plugin starts an MPS control daemon for every claim
+	// in mps mode (Claim.MPSPipeDir), with daemon-side limits; node
+	// daemons (MPSPipeDir) are then not used.
+	MPSPerClaim bool
 }
 
 // mpsDaemon returns the pipe directory of the MPS daemon serving a GPU.
@@ -167,6 +174,9 @@ type Claim struct {
 	// ShareKey identifies this allocation of the claim (its share IDs); it
 	// makes the accounting file path fresh for every allocation.
 	ShareKey string
+	// MPSPipeDir is the host pipe directory of the claim's own MPS daemon
+	// when the node runs one per claim (Node.MPSPerClaim).
+	MPSPipeDir string
 }
 
 // Visible is one device as the container sees it, at CUDA index Index.
@@ -189,6 +199,9 @@ type Result struct {
 	// AccountingDir is the host directory to create fresh for the
 	// interposer's shared cache; empty when no device uses the interposer.
 	AccountingDir string
+	// MPS are the daemon-side limits of the claim's own MPS daemon, which
+	// the caller starts before the containers do; nil when none is needed.
+	MPS *mps.Limits
 }
 
 // Plan computes the environment and mounts for a claim. accountingHostDir
@@ -247,7 +260,14 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 			if a.Cores > 0 && a.Cores < 100 && (mpsThreads == 0 || a.Cores < mpsThreads) {
 				mpsThreads = a.Cores
 			}
-			if dir, ok := node.mpsDaemon(a.GPUUUID); ok {
+			if node.MPSPerClaim {
+				if res.MPS == nil {
+					res.MPS = &mps.Limits{}
+				}
+				res.MPS.Devices = append(res.MPS.Devices, mps.Device{UUID: a.UUID, MemMiB: mib})
+				mpsDir = claim.MPSPipeDir
+				v.Enforced = MPS
+			} else if dir, ok := node.mpsDaemon(a.GPUUUID); ok {
 				if mpsDir != "" && mpsDir != dir {
 					return nil, fmt.Errorf("devices %s are served by different MPS daemons (%s and %s); one claim in mps mode can use only one daemon", strings.Join(deviceNames(visible), ", "), mpsDir, dir)
 				}
@@ -303,7 +323,7 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 		res.Mounts = append(res.Mounts, &cdispec.Mount{
 			HostPath:      accountingHostDir,
 			ContainerPath: containerDir,
-			Options:       []string{"rw", "nosuid", "nodev", "bind"},
+			Options:       []string{"rw", "nosuid", "nodev", "noexec", "bind"},
 		})
 	}
 	if preload {
@@ -315,7 +335,15 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 			Options:       []string{"ro", "nosuid", "nodev", "bind"},
 		})
 	}
+	if res.MPS != nil {
+		res.MPS.ThreadPercent = mpsThreads
+		if claim.MPSPipeDir == "" {
+			return nil, fmt.Errorf("claim %s/%s: no pipe directory for its MPS daemon", claim.Namespace, claim.Name)
+		}
+	}
 	if len(mpsPinned) > 0 {
+		// Client-side limits too: the daemon's defaults are what a
+		// tenant cannot raise; these only restate them.
 		env = append(env, EnvMPSPinnedMem+"="+strings.Join(mpsPinned, ","))
 		if mpsThreads > 0 {
 			env = append(env, fmt.Sprintf("%s=%d", EnvMPSThreads, mpsThreads))
@@ -411,7 +439,7 @@ func checkFloor(v visibleDevice, a Allocation, node Node) error {
 	}
 	missing := "no interposer library (--interposer-library)"
 	if floor == v1alpha1.EnforcementMPS && v.Mode != ModeInterposer {
-		missing = fmt.Sprintf("no MPS daemon for GPU %s (--mps-pipe-dir)", a.GPUUUID)
+		missing = fmt.Sprintf("no MPS daemon for GPU %s (--mps-control for one per claim, or --mps-pipe-dir)", a.GPUUUID)
 	}
 	return fmt.Errorf("device %s: the floor %s set by %s cannot be delivered on this node: enforcement %s resolved to %s and the node has %s; refusing to prepare",
 		dev, floor, who, asked, v.Mode, missing)
@@ -436,7 +464,7 @@ func effectiveMode(a Allocation, node Node) Mode {
 	if node.InterposerLibrary != "" {
 		return ModeInterposer
 	}
-	if _, ok := node.mpsDaemon(a.GPUUUID); ok {
+	if _, ok := node.mpsDaemon(a.GPUUUID); ok || node.MPSPerClaim {
 		return ModeMPS
 	}
 	return ModeNone

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/backend"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
@@ -29,6 +30,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/prepare"
 	"github.com/tessera-dev/tessera/pkg/publish"
@@ -39,6 +41,7 @@ import (
 const (
 	checkpointDir = "checkpoint"
 	accountingDir = "accounting"
+	mpsDir        = "mps"
 	mockDevDir    = "mock-dev"
 	// MockTimeSliceFile records the mock GPUs' time-slice intervals in the
 	// mock state directory.
@@ -292,6 +295,23 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		nodes = cdispec.HostNodes{DevRoot: "/dev", ProcRoot: "/proc"}
 		setter = timeslice.NvidiaSMI{Path: o.NvidiaSMI}
 	}
+	acct := accounting.Dirs{Root: filepath.Join(o.PluginDataDir, accountingDir), Size: o.accountingSize}
+	if !o.AccountingTmpfs {
+		klog.FromContext(ctx).Info("Warning: accounting directories are plain directories without a size limit (--accounting-tmpfs=false)")
+		acct.Unbounded = true
+	} else if err := acct.Probe(); err != nil {
+		// Without CAP_SYS_ADMIN (the chart's unprivileged mock mode) the
+		// directories are plain and their size is not bounded.
+		klog.FromContext(ctx).Info("Warning: accounting directories are not size-limited tmpfs mounts; the plugin cannot mount", "err", err)
+		acct.Unbounded = true
+	}
+	var mpsManager *mps.Manager
+	if o.MPSControl != "" {
+		mpsManager = &mps.Manager{Root: filepath.Join(o.PluginDataDir, mpsDir), Control: mps.Exec{Path: o.MPSControl}}
+		if d.backend.Mock != nil {
+			mpsManager.Control = mps.Fake{}
+		}
+	}
 	return prepare.New(prepare.Options{
 		DriverName:        devicemodel.DriverName,
 		NodeName:          o.NodeName,
@@ -307,8 +327,9 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 			}
 		},
 		TimeSlice:     timeslice.NewManager(setter),
-		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement)},
-		AccountingDir: filepath.Join(o.PluginDataDir, accountingDir),
+		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement), MPSPerClaim: mpsManager != nil},
+		MPS:           mpsManager,
+		AccountingDir: acct.Root, AccountingSize: acct.Size, AccountingUnbounded: acct.Unbounded,
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg
 		},

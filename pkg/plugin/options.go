@@ -50,6 +50,16 @@ type Options struct {
 	// interposer. A share or time slice whose effective enforcement is
 	// weaker fails to prepare.
 	MinEnforcement string
+	// MPSControl is nvidia-cuda-mps-control: when set, the plugin runs one
+	// MPS control daemon per claim in mps mode (the mock backend fakes it).
+	MPSControl string
+	// AccountingTmpfs makes each claim's accounting directory a tmpfs;
+	// the mounts must reach the container runtime (same mount namespace,
+	// or a shared, Bidirectional plugin data directory).
+	AccountingTmpfs bool
+	// AccountingSize bounds each claim's accounting tmpfs (a quantity).
+	AccountingSize string
+	accountingSize uint64
 	// NvidiaSMI is the nvidia-smi binary that sets GPU time slices.
 	NvidiaSMI string
 	// HealthIgnoredXIDs are XIDs that do not make a device unhealthy.
@@ -100,6 +110,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
 	fs.StringVar(&o.MinEnforcement, "min-enforcement", "none", "The node's enforcement floor: none, mps or interposer (weakest first). A share or time slice whose effective enforcement is weaker (the claim asked for less, or this node lacks --interposer-library or an MPS daemon) fails to prepare; MIG devices and whole GPUs satisfy every floor. A DeviceClass's GpuConfig.minEnforcement can raise it per class.")
+	fs.StringVar(&o.MPSControl, "mps-control", "", "Path of nvidia-cuda-mps-control (e.g. /usr/bin/nvidia-cuda-mps-control on the driver root). When set, every claim in mps mode gets its own MPS control daemon, started by the plugin with the claim's limits set on the daemon side, and only that claim's containers mount its pipe directory; --mps-pipe-dir is then not used. With --gpu-backend=mock any value (e.g. fake) selects an in-process fake daemon.")
+	fs.BoolVar(&o.AccountingTmpfs, "accounting-tmpfs", true, "Make each claim's accounting directory a size-limited tmpfs (--accounting-size). The mounts must reach the container runtime: run the plugin in the host's mount namespace, or mount --plugin-data-dir with Bidirectional propagation (which needs a shared host mount). False: plain directories without a size limit.")
+	fs.StringVar(&o.AccountingSize, "accounting-size", "16Mi", "Size limit of each claim's accounting tmpfs (the interposer's CUDA_DEVICE_MEMORY_SHARED_CACHE directory, <plugin-data-dir>/accounting/<claimUID>). Where the plugin may not mount, plain directories without a limit are used and a warning is logged.")
 	fs.StringVar(&o.NvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary used to set GPU time-slice intervals (--gpu-backend=nvml).")
 	fs.StringVar(&o.PodUID, "pod-uid", "", "UID of the plugin's own pod (downward API metadata.uid). When set, an old and a new plugin pod serve side by side during an upgrade (the kubelet plugin library's rolling update): kubelet calls are serialized across both through a lock file in --plugin-data-dir and each call reloads the other's prepared claims.")
 	fs.IntVar(&o.HealthcheckPort, "healthcheck-port", -1, "Port of the gRPC health service (grpc.health.v1) for liveness, readiness and startup probes; negative serves none.")
@@ -153,6 +166,13 @@ func (o *Options) Validate() error {
 	}
 	if o.HealthcheckPort > 65535 {
 		return fmt.Errorf("--healthcheck-port=%d is not a port: use 1-65535, or -1 to serve no health service", o.HealthcheckPort)
+	}
+	if o.AccountingSize != "" {
+		q, err := resource.ParseQuantity(o.AccountingSize)
+		if err != nil || q.Sign() <= 0 || q.Value() < 64<<10 {
+			return fmt.Errorf("--accounting-size=%q is not a valid size: use a quantity of at least 64Ki, such as 16Mi", o.AccountingSize)
+		}
+		o.accountingSize = uint64(q.Value())
 	}
 	if v1alpha1.FloorRank(v1alpha1.EnforcementMode(o.MinEnforcement)) < 0 {
 		return fmt.Errorf("--min-enforcement=%s is not supported: use none, mps or interposer", o.MinEnforcement)

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
@@ -26,6 +27,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
@@ -52,6 +54,8 @@ type env struct {
 	mig      bool
 	shared   bool
 	lastList []resourceapi.ResourceClaim
+	// lastMounts are the mounts of the last inject.
+	lastMounts []oci.Mount
 }
 
 type envOption func(*env)
@@ -61,6 +65,12 @@ func withTimeSlices(n int) envOption {
 	return func(e *env) { e.cfg.TimeSlices = n }
 }
 func withSharedLock() envOption { return func(e *env) { e.shared = true } }
+func withMPSPerClaim() envOption {
+	return func(e *env) {
+		e.opts.MPS = &mps.Manager{Root: filepath.Join(e.dir, "mps"), Control: mps.Fake{}}
+		e.opts.Enforce.MPSPerClaim = true
+	}
+}
 func withInterposer(lib string) envOption {
 	return func(e *env) { e.opts.Enforce.InterposerLibrary = lib }
 }
@@ -73,6 +83,14 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	for _, o := range opts {
 		o(e)
 	}
+	// Claims left prepared (crash tests) leave their accounting tmpfs
+	// mounted; unmount them before the temp directory is removed.
+	t.Cleanup(func() {
+		entries, _ := os.ReadDir(filepath.Join(e.dir, "accounting"))
+		for _, en := range entries {
+			_ = accounting.RemoveDir(ctx, filepath.Join(e.dir, "accounting", en.Name()))
+		}
+	})
 	e.start()
 	return e
 }
@@ -97,7 +115,7 @@ func (e *env) start() {
 		t.Fatal(err)
 	}
 	e.status = &fakeStatus{set: map[types.UID][]resourceapi.AllocatedDeviceStatus{}}
-	enf := e.opts.Enforce
+	enf, mpsManager := e.opts.Enforce, e.opts.MPS
 	e.opts = Options{
 		DriverName: driver, NodeName: node, Checkpoints: store,
 		CDI:       cdispec.Dir{Path: filepath.Join(e.dir, "cdi")},
@@ -108,6 +126,7 @@ func (e *env) start() {
 		Enforce:   enf, AccountingDir: filepath.Join(e.dir, "accounting"),
 		Model:  func() (*inventory.Inventory, devicemodel.Config) { return e.inv, e.cfg },
 		Status: e.status,
+		MPS:    mpsManager,
 	}
 	if e.shared {
 		e.opts.SharedLock = filepath.Join(e.dir, "serialize.lock")
@@ -155,6 +174,7 @@ func (e *env) inject(ids ...string) (map[string]string, []string) {
 	if _, err := cache.InjectDevices(spec, ids...); err != nil {
 		e.t.Fatal(err)
 	}
+	e.lastMounts = spec.Mounts
 	env := map[string]string{}
 	for _, kv := range spec.Process.Env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -204,7 +224,7 @@ func (e *env) files(sub string) []string {
 // assertClean checks that nothing of any claim is left.
 func (e *env) assertClean() {
 	e.t.Helper()
-	for _, sub := range []string{"cdi", "checkpoint", "accounting"} {
+	for _, sub := range []string{"cdi", "checkpoint", "accounting", "mps"} {
 		if f := e.files(sub); len(f) > 0 {
 			e.t.Errorf("%s left: %v", sub, f)
 		}

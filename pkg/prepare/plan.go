@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -13,6 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
@@ -269,7 +269,11 @@ func (p *Preparer) enforceClaim(pl *plan) enforce.Claim {
 	for _, d := range pl.devices {
 		results = append(results, d.result)
 	}
-	return enforce.Claim{Namespace: pl.claim.Namespace, Name: pl.claim.Name, UID: string(pl.claim.UID), ShareKey: shareKey(results)}
+	c := enforce.Claim{Namespace: pl.claim.Namespace, Name: pl.claim.Name, UID: string(pl.claim.UID), ShareKey: shareKey(results)}
+	if p.opts.MPS != nil {
+		c.MPSPipeDir = p.opts.MPS.PipeDir(c.UID)
+	}
+	return c
 }
 
 func (p *Preparer) allocations(pl *plan) []enforce.Allocation {
@@ -281,5 +285,9 @@ func (p *Preparer) allocations(pl *plan) []enforce.Allocation {
 }
 
 func (p *Preparer) accountingDir(uid string) string {
-	return filepath.Join(p.opts.AccountingDir, uid)
+	return p.accounting().Path(uid)
+}
+
+func (p *Preparer) accounting() accounting.Dirs {
+	return accounting.Dirs{Root: p.opts.AccountingDir, Size: p.opts.AccountingSize, Unbounded: p.opts.AccountingUnbounded}
 }

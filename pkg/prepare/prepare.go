@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -26,12 +25,14 @@ import (
 	"k8s.io/klog/v2"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
 
@@ -63,6 +64,15 @@ type Options struct {
 	// AccountingDir holds a directory per claim for the interposer's
 	// shared accounting file.
 	AccountingDir string
+	// AccountingSize bounds each claim's accounting tmpfs in bytes (0:
+	// accounting.DefaultSize).
+	AccountingSize uint64
+	// AccountingUnbounded makes plain directories instead of tmpfs mounts,
+	// for a plugin that may not mount.
+	AccountingUnbounded bool
+	// MPS starts one MPS control daemon per claim in mps mode; nil when
+	// the node does not (then node daemons, Enforce.MPSPipeDir, serve).
+	MPS *mps.Manager
 	// Model returns the current inventory and device-model configuration.
 	Model  func() (*inventory.Inventory, devicemodel.Config)
 	Status StatusWriter
@@ -228,6 +238,11 @@ func clone(c *checkpoint.Claim) *checkpoint.Claim {
 			cp := *m
 			out.Devices[i].MIG = &cp
 		}
+	}
+	if c.MPS != nil {
+		m := *c.MPS
+		m.Devices = append([]checkpoint.MPSDevice(nil), c.MPS.Devices...)
+		out.MPS = &m
 	}
 	return &out
 }
@@ -512,18 +527,21 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 	}
 	if res.AccountingDir != "" {
 		// Fresh for every preparation: a stale accounting file would keep
-		// the limits of an earlier allocation.
-		if err := os.RemoveAll(res.AccountingDir); err != nil {
+		// the limits of an earlier allocation. A size-limited tmpfs.
+		dir, err := p.accounting().Create(ctx, rec.UID)
+		if err != nil {
 			return nil, err
 		}
-		if err := os.MkdirAll(res.AccountingDir, 0o777); err != nil {
-			return nil, fmt.Errorf("accounting directory: %w", err)
-		}
-		// Containers may run as any user.
-		if err := os.Chmod(res.AccountingDir, 0o1777); err != nil {
+		rec.AccountingDir = dir
+	}
+	if res.MPS != nil {
+		// The claim's own daemon, with its limits set on the daemon side,
+		// before any container can connect.
+		pipe, err := p.opts.MPS.Start(ctx, rec.UID, *res.MPS)
+		if err != nil {
 			return nil, err
 		}
-		rec.AccountingDir = res.AccountingDir
+		rec.MPS = mpsRecord(pipe, *res.MPS)
 	}
 	control, err := p.opts.Nodes.Control()
 	if err != nil {
@@ -597,8 +615,13 @@ func (p *Preparer) undo(ctx context.Context, rec *checkpoint.Claim, clearStatus 
 	if dir == "" {
 		dir = p.accountingDir(rec.UID)
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove accounting directory: %w", err)
+	if err := accounting.RemoveDir(ctx, dir); err != nil {
+		return err
+	}
+	if p.opts.MPS != nil {
+		if err := p.opts.MPS.Stop(ctx, rec.UID); err != nil {
+			return err
+		}
 	}
 	for _, d := range rec.Devices {
 		if d.MIG == nil || !d.MIG.Created {
@@ -766,4 +789,20 @@ func (k *keyedMutex) lock(key string) func() {
 		}
 		k.mu.Unlock()
 	}
+}
+
+func mpsRecord(pipe string, l mps.Limits) *checkpoint.MPS {
+	r := &checkpoint.MPS{PipeDir: pipe, ThreadPercent: l.ThreadPercent}
+	for _, d := range l.Devices {
+		r.Devices = append(r.Devices, checkpoint.MPSDevice{UUID: d.UUID, MemMiB: d.MemMiB})
+	}
+	return r
+}
+
+func mpsLimits(r *checkpoint.MPS) mps.Limits {
+	l := mps.Limits{ThreadPercent: r.ThreadPercent}
+	for _, d := range r.Devices {
+		l.Devices = append(l.Devices, mps.Device{UUID: d.UUID, MemMiB: d.MemMiB})
+	}
+	return l
 }

@@ -11,11 +11,14 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
+	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
@@ -511,4 +514,104 @@ func TestFloor(t *testing.T) {
 			e.assertClean()
 		})
 	}
+}
+
+// TestAccountingTmpfs: an interposer claim's accounting directory is its
+// own size-limited tmpfs, fresh at every prepare, and unprepare (or the
+// unprepare of a claim whose record was lost) unmounts and removes it.
+func TestAccountingTmpfs(t *testing.T) {
+	lib := filepath.Join(t.TempDir(), "libvgpu.so")
+	e := newEnv(t, withInterposer(lib))
+	if err := (accounting.Dirs{Root: e.opts.AccountingDir}).Probe(); err != nil {
+		t.Skipf("cannot mount here: %v", err)
+	}
+	e.opts.AccountingSize = 1 << 20
+	e.p = New(e.opts)
+	c := withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClaim, nil, `"enforcement":"interposer"`)
+	e.prepare(c)
+	dir := filepath.Join(e.opts.AccountingDir, string(c.UID))
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC || uint64(fs.Blocks)*uint64(fs.Bsize) != 1<<20 {
+		t.Fatalf("accounting directory: type %#x, size %d, %v; want a 1 MiB tmpfs", fs.Type, uint64(fs.Blocks)*uint64(fs.Bsize), err)
+	}
+	e.unprepare(c)
+	e.assertClean()
+
+	// A leftover mount without a record (a crash, a lost checkpoint) is
+	// removed by the kubelet's unprepare.
+	e.prepare(c)
+	if err := e.opts.Checkpoints.Delete(string(c.UID)); err != nil {
+		t.Fatal(err)
+	}
+	e.p = New(e.opts)
+	if err := e.p.Unprepare(e.ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	if mounted, err := accounting.IsMountPoint(dir); mounted || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("leftover accounting directory: mounted %v, %v", mounted, err)
+	}
+	e.assertClean()
+}
+
+// TestMPSPerClaim: a claim in mps mode gets its own MPS daemon with the
+// limits set on the daemon side, and only its pipe directory is mounted;
+// a plugin restart restarts a daemon that is gone; unprepare stops it.
+func TestMPSPerClaim(t *testing.T) {
+	e := newEnv(t, withMPSPerClaim())
+	a := withConfig(claim("a", share("gpu", "gpu-0", "s-1", gib, 30)), resourceapi.AllocationConfigSourceClaim, nil, `"enforcement":"mps"`)
+	b := claim("b", share("gpu", "gpu-0", "s-2", 2*gib, 0)) // auto resolves to mps
+	pipes := map[string]string{}
+	for _, c := range []*resourceapi.ResourceClaim{a, b} {
+		env, _ := e.inject(e.prepare(c)...)
+		if env["TESSERA_MODE"] != "mps" || env["TESSERA_ENFORCED"] != "mps" || env["CUDA_MPS_PIPE_DIRECTORY"] != enforce.MPSPipeDir {
+			t.Errorf("%s: env %v", c.Name, env)
+		}
+		var host []string
+		for _, m := range e.lastMounts {
+			if m.Destination == enforce.MPSPipeDir {
+				host = append(host, m.Source)
+			}
+		}
+		want := e.opts.MPS.PipeDir(string(c.UID))
+		if !slices.Equal(host, []string{want}) {
+			t.Fatalf("%s: pipe mounts %v, want only %s", c.Name, host, want)
+		}
+		pipes[c.Name] = want
+		if !e.opts.MPS.Running(string(c.UID)) {
+			t.Errorf("%s: no daemon", c.Name)
+		}
+	}
+	uuid := e.inv.GPUs[0].UUID
+	cmds, _ := os.ReadFile(filepath.Join(pipes["a"], "commands"))
+	if want := "set_default_device_pinned_mem_limit " + uuid + " 1024M\nset_default_active_thread_percentage 30\n"; string(cmds) != want {
+		t.Errorf("claim a's daemon got %q, want %q", cmds, want)
+	}
+	cmds, _ = os.ReadFile(filepath.Join(pipes["b"], "commands"))
+	if want := "set_default_device_pinned_mem_limit " + uuid + " 2048M\n"; string(cmds) != want {
+		t.Errorf("claim b's daemon got %q, want %q", cmds, want)
+	}
+
+	// The daemon of a is gone (a node or container restart): the plugin's
+	// restart starts it again with the recorded limits.
+	if err := os.Remove(filepath.Join(pipes["a"], "control")); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	if !e.opts.MPS.Running(string(a.UID)) {
+		t.Fatal("daemon of a not restarted")
+	}
+	cmds, _ = os.ReadFile(filepath.Join(pipes["a"], "commands"))
+	if !strings.Contains(string(cmds), "set_default_active_thread_percentage 30") {
+		t.Errorf("restarted daemon got %q", cmds)
+	}
+
+	e.unprepare(a)
+	if _, err := os.Stat(pipes["a"]); !os.IsNotExist(err) {
+		t.Errorf("a's pipe directory left: %v", err)
+	}
+	if !e.opts.MPS.Running(string(b.UID)) {
+		t.Error("unprepare of a stopped b's daemon")
+	}
+	e.unprepare(b)
+	e.assertClean()
 }

@@ -4,16 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
@@ -144,11 +146,22 @@ func (p *Preparer) restore(ctx context.Context, c *checkpoint.Claim) {
 			logger.Info("Restored missing CDI spec of prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "spec", c.SpecName)
 		}
 	}
+	if c.MPS != nil && p.opts.MPS != nil && !p.opts.MPS.Running(c.UID) {
+		// The daemon did not survive (a node daemon restart, a plugin
+		// container restart): start it again with the recorded limits.
+		if _, err := p.opts.MPS.Start(ctx, c.UID, mpsLimits(c.MPS)); err != nil {
+			logger.Error(err, "Could not restart the MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
+		} else {
+			logger.Info("Restarted the MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
+		}
+	}
 	if c.AccountingDir != "" {
-		if _, err := os.Stat(c.AccountingDir); errors.Is(err, fs.ErrNotExist) {
-			if err := os.MkdirAll(c.AccountingDir, 0o777); err == nil {
-				_ = os.Chmod(c.AccountingDir, 0o1777)
-			}
+		// A plugin restart keeps the claim's tmpfs (and the accounting
+		// file the containers share); one that went missing is made again.
+		d := p.accounting()
+		d.Root = filepath.Dir(c.AccountingDir)
+		if err := d.Ensure(ctx, filepath.Base(c.AccountingDir)); err != nil {
+			logger.Error(err, "Could not restore the accounting directory of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
 		}
 	}
 }
@@ -171,8 +184,23 @@ func (p *Preparer) orphans() (map[string]string, error) {
 		return out, err
 	}
 	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			// accounting.Dirs.Probe's directory, not a claim's.
+			continue
+		}
 		if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil {
 			out[e.Name()] = "accounting directory without checkpoint"
+		}
+	}
+	if p.opts.MPS != nil {
+		entries, err := os.ReadDir(p.opts.MPS.Root)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return out, err
+		}
+		for _, e := range entries {
+			if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil {
+				out[e.Name()] = "MPS daemon without checkpoint"
+			}
 		}
 	}
 	return out, nil
@@ -334,8 +362,11 @@ func (p *Preparer) removeFiles(uid, specName, accountingDir string) error {
 	if accountingDir == "" {
 		accountingDir = p.accountingDir(uid)
 	}
-	if err := os.RemoveAll(accountingDir); err != nil {
-		return fmt.Errorf("remove accounting directory: %w", err)
+	if err := accounting.RemoveDir(context.Background(), accountingDir); err != nil {
+		return err
+	}
+	if p.opts.MPS != nil {
+		return p.opts.MPS.Stop(context.Background(), uid)
 	}
 	return nil
 }

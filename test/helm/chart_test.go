@@ -756,6 +756,7 @@ type gpuConfig struct {
 	APIVersion        string   `json:"apiVersion"`
 	Kind              string   `json:"kind"`
 	Enforcement       string   `json:"enforcement,omitempty"`
+	MinEnforcement    string   `json:"minEnforcement,omitempty"`
 	TimeSliceInterval string   `json:"timeSliceInterval,omitempty"`
 	FrameworkCaps     []string `json:"frameworkCaps,omitempty"`
 }
@@ -803,7 +804,7 @@ func TestDeviceClasses(t *testing.T) {
 				if err := yaml.UnmarshalStrict(got.Spec.Config[0].Opaque.Parameters.Raw, &cfg); err != nil {
 					t.Fatalf("%s: GpuConfig does not decode: %v", want.Name, err)
 				}
-				if cfg.APIVersion != "tessera.dev/v1alpha1" || cfg.Kind != "GpuConfig" || cfg.Enforcement != "interposer" ||
+				if cfg.APIVersion != "tessera.dev/v1alpha1" || cfg.Kind != "GpuConfig" || cfg.Enforcement != "interposer" || cfg.MinEnforcement != "interposer" ||
 					cfg.TimeSliceInterval != "Short" || strings.Join(cfg.FrameworkCaps, ",") != "pytorch" {
 					t.Errorf("%s: GpuConfig = %+v", want.Name, cfg)
 				}
@@ -873,6 +874,8 @@ func TestSchemaRejects(t *testing.T) {
 		{"too many time slices", []string{"--set", "kubeletPlugin.timeSlices=33"}, "timeSlices"},
 		{"bad MIG mode", []string{"--set", "kubeletPlugin.migMode=auto"}, "migMode"},
 		{"bad enforcement", []string{"--set", "deviceClasses.defaults.enforcement=strict"}, "enforcement"},
+		{"auto is no floor", []string{"--set", "deviceClasses.defaults.minEnforcement=auto"}, "minEnforcement"},
+		{"bad node floor", []string{"--set", "kubeletPlugin.minEnforcement=hard"}, "minEnforcement"},
 		{"unknown queue resource", []string{"--set", "defaultQueue.resources.cpu.quota=1"}, "cpu"},
 		{"relative interposer path", []string{"--set", "kubeletPlugin.interposerLibrary=libvgpu.so"}, "interposerLibrary"},
 		{"pull policy", []string{"--set", "image.pullPolicy=Sometimes"}, "pullPolicy"},

@@ -100,7 +100,7 @@ service:
 {{/* Class-level GpuConfig, or nothing. */}}
 {{- define "tessera.deviceClassConfig" -}}
 {{- $d := .Values.deviceClasses.defaults -}}
-{{- if or $d.enforcement $d.timeSliceInterval $d.frameworkCaps }}
+{{- if or $d.enforcement $d.minEnforcement $d.timeSliceInterval $d.frameworkCaps }}
 config:
 - opaque:
     driver: {{ include "tessera.driverName" . }}
@@ -109,6 +109,9 @@ config:
       kind: GpuConfig
       {{- with $d.enforcement }}
       enforcement: {{ . }}
+      {{- end }}
+      {{- with $d.minEnforcement }}
+      minEnforcement: {{ . }}
       {{- end }}
       {{- with $d.timeSliceInterval }}
       timeSliceInterval: {{ . }}
