@@ -60,12 +60,9 @@ func TestWebhooksInAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := ca.ServingCert([]string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	certs := &webhook.ServingCerts{CA: ca, Hosts: []string{"127.0.0.1"}}
 	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Host: "127.0.0.1", Port: port, TLSOpts: []func(*tls.Config){func(c *tls.Config) {
-		c.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
+		c.GetCertificate = certs.GetCertificate
 	}}})
 	dec := webhook.NewDecoder(scheme)
 	srv.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: dec, Reader: c}})
