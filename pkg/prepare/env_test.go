@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/driverfiles"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
@@ -51,6 +52,9 @@ type env struct {
 	profile  string
 	mig      bool
 	lastList []resourceapi.ResourceClaim
+	// driverRoot, when set, is a fixture driver root whose files every
+	// claim gets.
+	driverRoot string
 }
 
 type envOption func(*env)
@@ -59,6 +63,7 @@ func withMIG() envOption { return func(e *env) { e.mig = true; e.profile = "a100
 func withTimeSlices(n int) envOption {
 	return func(e *env) { e.cfg.TimeSlices = n }
 }
+func withDriverRoot(root string) envOption { return func(e *env) { e.driverRoot = root } }
 func withInterposer(lib string) envOption {
 	return func(e *env) { e.opts.Enforce.InterposerLibrary = lib }
 }
@@ -107,6 +112,13 @@ func (e *env) start() {
 		Model:  func() (*inventory.Inventory, devicemodel.Config) { return e.inv, e.cfg },
 		Status: e.status,
 	}
+	if e.driverRoot != "" {
+		df, err := driverfiles.New(driverfiles.Options{DriverRoot: e.driverRoot, HookPath: "/opt/tessera/bin/nvidia-cdi-hook", NVML: e.srv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.opts.DriverFiles = df
+	}
 	e.p = New(e.opts)
 	if err := e.p.Recover(e.ctx, e.list); err != nil {
 		t.Fatal(err)
@@ -139,6 +151,22 @@ func (e *env) unprepare(c *resourceapi.ResourceClaim) {
 // the container's environment and device paths.
 func (e *env) inject(ids ...string) (map[string]string, []string) {
 	e.t.Helper()
+	spec := e.injectSpec(ids...)
+	env := map[string]string{}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	var paths []string
+	for _, d := range spec.Linux.Devices {
+		paths = append(paths, d.Path)
+	}
+	return env, paths
+}
+
+// injectSpec returns the OCI spec of a container given the CDI devices.
+func (e *env) injectSpec(ids ...string) *oci.Spec {
+	e.t.Helper()
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(e.opts.CDI.Path), cdi.WithAutoRefresh(false))
 	if err != nil {
 		e.t.Fatal(err)
@@ -150,16 +178,7 @@ func (e *env) inject(ids ...string) (map[string]string, []string) {
 	if _, err := cache.InjectDevices(spec, ids...); err != nil {
 		e.t.Fatal(err)
 	}
-	env := map[string]string{}
-	for _, kv := range spec.Process.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
-	}
-	var paths []string
-	for _, d := range spec.Linux.Devices {
-		paths = append(paths, d.Path)
-	}
-	return env, paths
+	return spec
 }
 
 // migInstances lists the GPU instances in the mock's persisted state.

@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/driverfiles"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
@@ -50,6 +51,9 @@ type Options struct {
 	Checkpoints *checkpoint.Store
 	CDI         cdispec.Dir
 	Nodes       cdispec.DeviceNodes
+	// DriverFiles, when set, gives every claim's containers the node's
+	// NVIDIA driver files (libraries, binaries, firmware, hooks).
+	DriverFiles DriverFiles
 	MIG         *mig.Manager
 	MIGMode     devicemodel.MIGMode
 	TimeSlice   *timeslice.Manager
@@ -63,6 +67,12 @@ type Options struct {
 	// Crash, when set, is called at named points of prepare and unprepare
 	// (crash-injection tests kill the process there).
 	Crash func(point string)
+}
+
+// DriverFiles are the container edits that bring the node's driver into a
+// container (see package driverfiles).
+type DriverFiles interface {
+	Edits(ctx context.Context) (cdispecs.ContainerEdits, error)
 }
 
 // Crash points, in the order prepare and unprepare pass them.
@@ -515,6 +525,13 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 		return nil, err
 	}
 	claimEdits := cdispecs.ContainerEdits{Env: res.Env, DeviceNodes: control, Mounts: res.Mounts}
+	if p.opts.DriverFiles != nil {
+		driver, err := p.opts.DriverFiles.Edits(ctx)
+		if err != nil {
+			return nil, err
+		}
+		driverfiles.Merge(&claimEdits, driver)
+	}
 	var devices []cdispecs.Device
 	var created []mig.Instance
 	for i, d := range pl.devices {
