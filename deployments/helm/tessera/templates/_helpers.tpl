@@ -127,6 +127,12 @@ config:
 {{- if and .Values.webhook.enabled (not .Values.controller.enabled) -}}
 {{- fail "webhook.enabled=true needs controller.enabled=true: the controller serves the webhooks" -}}
 {{- end -}}
+{{- if and .Values.kubeletPlugin.interposer.install.enabled (not .Values.kubeletPlugin.interposer.install.image) -}}
+{{- fail "kubeletPlugin.interposer.install.enabled=true needs kubeletPlugin.interposer.install.image: the image that holds libvgpu.so" -}}
+{{- end -}}
+{{- if and .Values.kubeletPlugin.interposer.install.enabled .Values.kubeletPlugin.interposerLibrary -}}
+{{- fail "set either kubeletPlugin.interposerLibrary (a library already on the nodes) or kubeletPlugin.interposer.install.enabled (copy it from an image), not both" -}}
+{{- end -}}
 {{- if and (eq .Values.kubeletPlugin.healthcheck.mode "exec") (not .Values.kubeletPlugin.healthcheck.exec.command) -}}
 {{- fail "kubeletPlugin.healthcheck.mode=exec needs kubeletPlugin.healthcheck.exec.command" -}}
 {{- end -}}
