@@ -9,8 +9,9 @@
 //	                          dynamically linked against glibc; the loader
 //	                          and the glibc libraries come along
 //	/usr/bin/controller       static (CGO_ENABLED=0)
-//	/usr/bin/nvidia-cdi-hook  static; NVIDIA's CDI hook, which the plugin
-//	                          copies onto the host
+//	/usr/bin/nvidia-cdi-hook  cgo (go-nvml); NVIDIA's CDI hook, which the
+//	                          plugin copies onto the host (it runs there,
+//	                          against the host's glibc)
 //	/etc/passwd, /etc/group   root and nonroot (65532)
 //	/tmp
 //
@@ -53,8 +54,8 @@ var Commands = []Command{
 	{Name: "controller", CGO: false},
 	// The CDI hook the driver files' specs name (symlinks, ld cache); the
 	// plugin copies it onto the host. Built from the Go module proxy at
-	// the version go.mod's tool directive pins.
-	{Name: "nvidia-cdi-hook", Package: "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook", CGO: false},
+	// the version go.mod's tool directive pins. cgo: it links go-nvml.
+	{Name: "nvidia-cdi-hook", Package: "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook", CGO: true},
 }
 
 // Command is one binary: ./cmd/<Name>, or Package when set.
