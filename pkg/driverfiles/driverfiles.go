@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -128,9 +129,12 @@ func (d *Driver) generate(ctx context.Context) (cdispecs.ContainerEdits, error) 
 	edits := spec.ContainerEdits
 	// Device nodes come from package cdispec, per claim.
 	edits.DeviceNodes = nil
-	// NVIDIA_VISIBLE_DEVICES=void keeps an nvidia-container-runtime, if the
-	// node has one, from adding devices of its own.
-	edits.Env = slices.Clone(edits.Env)
+	// nvcdi adds NVIDIA_VISIBLE_DEVICES=void; Tessera sets that variable
+	// per claim to the allocated device's UUID (CUDA and tools read it), so
+	// the driver's edits must not override it.
+	edits.Env = slices.DeleteFunc(slices.Clone(edits.Env), func(kv string) bool {
+		return strings.HasPrefix(kv, "NVIDIA_VISIBLE_DEVICES=")
+	})
 	return edits, nil
 }
 

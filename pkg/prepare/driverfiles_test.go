@@ -48,6 +48,11 @@ func TestEveryClaimGetsTheDriver(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, append(tc.opts, withDriverRoot(root))...)
 			spec := e.injectSpec(e.prepare(tc.claim)...)
+			for _, kv := range spec.Process.Env {
+				if kv == "NVIDIA_VISIBLE_DEVICES=void" {
+					t.Errorf("the driver's edits override the claim's NVIDIA_VISIBLE_DEVICES: %v", spec.Process.Env)
+				}
+			}
 			var mounted bool
 			for _, m := range spec.Mounts {
 				if m.Destination == lib && m.Source == root+lib && slices.Contains(m.Options, "ro") {
