@@ -46,7 +46,7 @@ func main() {
 		for _, name := range strings.Split(*cmds, ",") {
 			c, ok := known[name]
 			if !ok {
-				fmt.Fprintf(os.Stderr, "image: -cmd %s: unknown command; known: kubelet-plugin, controller\n", name)
+				fmt.Fprintf(os.Stderr, "image: -cmd %s: unknown command; known: kubelet-plugin, controller, nvidia-cdi-hook\n", name)
 				os.Exit(2)
 			}
 			o.Commands = append(o.Commands, c)

@@ -1,6 +1,7 @@
 package cdispec
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -159,18 +160,51 @@ func TestHostNodes(t *testing.T) {
 	must(t, os.MkdirAll(dev, 0o755))
 	must(t, os.WriteFile(filepath.Join(proc, "devices"), []byte("Character devices:\n  1 mem\n195 nvidia-frontend\n237 nvidia-caps\n\nBlock devices:\n237 nvidia-caps-fake\n"), 0o644))
 	must(t, os.WriteFile(filepath.Join(proc, "driver/nvidia-caps/mig-minors"), []byte("config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n"), 0o644))
-	must(t, os.WriteFile(filepath.Join(dev, "nvidia-uvm"), nil, 0o644))
-	h := HostNodes{DevRoot: dev, ProcRoot: proc}
+	must(t, os.WriteFile(filepath.Join(dev, "nvidiactl"), nil, 0o644))
+	// nvidia-uvm and nvidia-uvm-tools do not exist yet: they are created,
+	// not left out.
+	var created []string
+	h := HostNodes{DevRoot: root, ProcRoot: proc, CreateControl: func(devRoot string) error {
+		created = append(created, devRoot)
+		for _, n := range []string{"nvidia-uvm", "nvidia-uvm-tools"} {
+			must(t, os.WriteFile(filepath.Join(devRoot, "dev", n), nil, 0o644))
+		}
+		return nil
+	}}
 	ctl, err := h.Control()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var paths []string
 	for _, n := range ctl {
-		paths = append(paths, n.Path)
+		paths = append(paths, n.Path+"="+n.HostPath)
 	}
-	if !slices.Equal(paths, []string{"/dev/nvidiactl", "/dev/nvidia-uvm"}) {
+	if !slices.Equal(paths, []string{"/dev/nvidiactl=", "/dev/nvidia-uvm=", "/dev/nvidia-uvm-tools="}) {
 		t.Errorf("control nodes %v", paths)
+	}
+	if !slices.Equal(created, []string{root}) {
+		t.Errorf("control nodes created under %v, want once under %s", created, root)
+	}
+	// Everything exists now: nothing more is created.
+	if _, err := h.Control(); err != nil || len(created) != 1 {
+		t.Errorf("second Control: %v, created %v", err, created)
+	}
+	// Another dev root on the host: specs name the host's paths.
+	h.HostDevRoot = "/run/nvidia/driver"
+	ctl, err = h.Control()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu, _ := h.GPU(3)
+	if ctl[1].HostPath != "/run/nvidia/driver/dev/nvidia-uvm" || gpu[0].HostPath != "/run/nvidia/driver/dev/nvidia3" || gpu[0].Path != "/dev/nvidia3" {
+		t.Errorf("host paths under another dev root: %+v %+v", ctl[1], gpu[0])
+	}
+	// The module is not loaded: the error says so instead of leaving the
+	// node out.
+	must(t, os.Remove(filepath.Join(dev, "nvidia-uvm")))
+	h.CreateControl = func(string) error { return errors.New("failed to determine major") }
+	if _, err := h.Control(); err == nil || !strings.Contains(err.Error(), "nvidia-uvm") || !strings.Contains(err.Error(), "modprobe nvidia-uvm") {
+		t.Errorf("Control without the UVM module: %v, want an error naming nvidia-uvm and the fix", err)
 	}
 	caps, err := h.MIG(0, 1, 0)
 	if err != nil {

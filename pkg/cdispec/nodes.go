@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/system/nvdevices"
 	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
@@ -31,31 +32,84 @@ type DeviceNodes interface {
 // type and numbers from the host, except for MIG capability nodes, which
 // are fully specified (major from /proc/devices, minors from
 // /proc/driver/nvidia-caps/mig-minors) so that they need not exist on the
-// host.
+// host: the runtime creates them in the container, as NVIDIA's DRA driver
+// does.
 type HostNodes struct {
-	// DevRoot is where the plugin sees the host's /dev ("/dev").
+	// DevRoot is where the plugin sees the root that holds the host's dev/
+	// directory ("/" when the plugin runs on the host, the chart mounts it
+	// at /host-dev-root).
 	DevRoot string
+	// HostDevRoot is that root on the host (--dev-root): "/" or, with the
+	// GPU operator's driver container, possibly /run/nvidia/driver. Empty
+	// means "/".
+	HostDevRoot string
 	// ProcRoot is where the plugin sees the host's /proc ("/proc").
 	ProcRoot string
+	// CreateControl creates the missing control nodes (nvidiactl,
+	// nvidia-modeset, nvidia-uvm, nvidia-uvm-tools) under the root that
+	// holds dev/. Nil: the NVIDIA container toolkit's nvdevices, which
+	// reads the majors from /proc/devices, as `nvidia-ctk system
+	// create-device-nodes --control-devices` does.
+	CreateControl func(devRoot string) error
 }
 
 var _ DeviceNodes = HostNodes{}
 
-// Control implements DeviceNodes. nvidia-uvm nodes exist only once the
-// module is loaded; missing ones are left out.
+// controlNodes are the nodes every CUDA container needs.
+var controlNodes = []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+
+func (h HostNodes) hostPath(name string) string {
+	if h.HostDevRoot == "" || h.HostDevRoot == "/" {
+		return ""
+	}
+	return filepath.Join(h.HostDevRoot, "dev", name)
+}
+
+// Control implements DeviceNodes. The nvidia-uvm nodes appear only once
+// something loads the nvidia-uvm module and opens it; a container must not
+// miss them for that, so missing control nodes are created on the host
+// first, the way the NVIDIA container toolkit creates them. An error says
+// what to do when that is impossible (the module is not loaded).
 func (h HostNodes) Control() ([]*cdispec.DeviceNode, error) {
-	out := []*cdispec.DeviceNode{{Path: "/dev/nvidiactl"}}
-	for _, n := range []string{"nvidia-uvm", "nvidia-uvm-tools"} {
-		if _, err := os.Stat(filepath.Join(h.DevRoot, n)); err == nil {
-			out = append(out, &cdispec.DeviceNode{Path: "/dev/" + n})
+	var missing []string
+	for _, n := range controlNodes {
+		if _, err := os.Stat(filepath.Join(h.DevRoot, "dev", n)); err != nil {
+			missing = append(missing, n)
 		}
+	}
+	if len(missing) > 0 {
+		create := h.CreateControl
+		if create == nil {
+			create = createControlNodes
+		}
+		if err := create(h.DevRoot); err != nil {
+			return nil, fmt.Errorf("create missing NVIDIA device nodes %v under %s/dev: %w (is the driver loaded? `modprobe nvidia-uvm` on the node loads the UVM module)", missing, h.DevRoot, err)
+		}
+		for _, n := range missing {
+			if _, err := os.Stat(filepath.Join(h.DevRoot, "dev", n)); err != nil {
+				return nil, fmt.Errorf("NVIDIA device node %s/dev/%s is still missing after creating it: %w", h.DevRoot, n, err)
+			}
+		}
+	}
+	out := make([]*cdispec.DeviceNode, 0, len(controlNodes))
+	for _, n := range controlNodes {
+		out = append(out, &cdispec.DeviceNode{Path: "/dev/" + n, HostPath: h.hostPath(n)})
 	}
 	return out, nil
 }
 
+func createControlNodes(devRoot string) error {
+	d, err := nvdevices.New(nvdevices.WithDevRoot(devRoot))
+	if err != nil {
+		return err
+	}
+	return d.CreateNVIDIAControlDevices()
+}
+
 // GPU implements DeviceNodes.
 func (h HostNodes) GPU(minor int) ([]*cdispec.DeviceNode, error) {
-	return []*cdispec.DeviceNode{{Path: fmt.Sprintf("/dev/nvidia%d", minor)}}, nil
+	name := fmt.Sprintf("nvidia%d", minor)
+	return []*cdispec.DeviceNode{{Path: "/dev/" + name, HostPath: h.hostPath(name)}}, nil
 }
 
 // MIG implements DeviceNodes.

@@ -88,13 +88,18 @@ type MigDevice struct {
 	UUID string
 }
 
+// DefaultDriverVersion is the driver version mock GPUs report unless
+// Options.DriverVersion says otherwise; the fixture driver root
+// (pkg/driverfiles/fixture) is built for it.
+const DefaultDriverVersion = "580.95.05"
+
 // New builds a mock server.
 func New(opts Options) (*Server, error) {
 	if err := opts.Spec.Validate(); err != nil {
 		return nil, err
 	}
 	if opts.DriverVersion == "" {
-		opts.DriverVersion = "580.95.05"
+		opts.DriverVersion = DefaultDriverVersion
 	}
 	if opts.CUDADriverVersion == 0 {
 		opts.CUDADriverVersion = 13000

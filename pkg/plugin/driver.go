@@ -26,6 +26,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/coexist"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/driverfiles"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/inventory"
@@ -43,6 +44,8 @@ const (
 	accountingDir = "accounting"
 	mpsDir        = "mps"
 	mockDevDir    = "mock-dev"
+	// hookDir holds the nvidia-cdi-hook the plugin installs on the host.
+	hookDir = "bin"
 	// MockTimeSliceFile records the mock GPUs' time-slice intervals in the
 	// mock state directory.
 	MockTimeSliceFile = "mock-timeslice.json"
@@ -292,7 +295,11 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		nodes = cdispec.NewMockNodes(root)
 		setter = &timeslice.FileRecorder{Path: filepath.Join(bo.MockStateDir, MockTimeSliceFile)}
 	} else {
-		nodes = cdispec.HostNodes{DevRoot: "/dev", ProcRoot: "/proc"}
+		devRoot := o.ContainerDevRoot
+		if devRoot == "" {
+			devRoot = o.DevRoot
+		}
+		nodes = cdispec.HostNodes{DevRoot: devRoot, HostDevRoot: o.DevRoot, ProcRoot: "/proc"}
 		setter = timeslice.NvidiaSMI{Path: o.NvidiaSMI}
 	}
 	acct := accounting.Dirs{Root: filepath.Join(o.PluginDataDir, accountingDir), Size: o.accountingSize}
@@ -312,12 +319,17 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 			mpsManager.Control = mps.Fake{}
 		}
 	}
+	files, err := d.driverFiles(ctx)
+	if err != nil {
+		return nil, err
+	}
 	return prepare.New(prepare.Options{
 		DriverName:        devicemodel.DriverName,
 		NodeName:          o.NodeName,
 		Checkpoints:       store,
 		CDI:               cdispec.Dir{Path: o.CDIRoot},
 		Nodes:             nodes,
+		DriverFiles:       files,
 		MIG:               mig.New(d.backend),
 		MIGMode:           d.modelCfg.MIGMode,
 		MIGDestroyUnknown: o.MIGDestroyUnknown,
@@ -345,6 +357,42 @@ func (d *Driver) statusWriter() prepare.StatusWriter {
 		return nil
 	}
 	return d.status
+}
+
+// driverFiles are the driver edits every claim gets: none in mock mode
+// without --driver-root; otherwise from --driver-root, with the hook the
+// plugin installs on the host unless --nvidia-cdi-hook-path names one.
+func (d *Driver) driverFiles(ctx context.Context) (prepare.DriverFiles, error) {
+	o := d.opts
+	root := o.DriverRoot
+	if root == "" {
+		if d.backend.Mock != nil {
+			return nil, nil
+		}
+		root = "/"
+	}
+	hook := o.NvidiaCDIHookPath
+	if hook == "" {
+		src, err := driverfiles.BundledHook()
+		if err != nil {
+			return nil, err
+		}
+		hook, err = driverfiles.InstallHook(src, filepath.Join(o.PluginDataDir, hookDir))
+		if err != nil {
+			return nil, err
+		}
+	}
+	files, err := driverfiles.New(driverfiles.Options{DriverRoot: root, ContainerDriverRoot: o.ContainerDriverRoot, HookPath: hook, NVML: d.backend})
+	if err != nil {
+		return nil, err
+	}
+	// Fail at start, not at the first claim, when the driver root holds no
+	// driver of NVML's version.
+	if _, err := files.Edits(ctx); err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("Claims get the NVIDIA driver's files", "driverRoot", root, "hook", hook)
+	return files, nil
 }
 
 // deviceModelConfig is the node configuration plus a NoSchedule taint on

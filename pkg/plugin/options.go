@@ -6,6 +6,7 @@ package plugin
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -42,6 +43,19 @@ type Options struct {
 	// MockDeviceRoot is where fake /dev nodes live in mock mode.
 	MockDeviceRoot    string
 	InterposerLibrary string
+	// DriverRoot is the NVIDIA driver installation's root on the host;
+	// every claim's containers get its files. Empty: / with the nvml
+	// backend, none in mock mode.
+	DriverRoot string
+	// ContainerDriverRoot is where the plugin sees DriverRoot.
+	ContainerDriverRoot string
+	// DevRoot is the host root that holds the NVIDIA device nodes' dev/.
+	DevRoot string
+	// ContainerDevRoot is where the plugin sees DevRoot.
+	ContainerDevRoot string
+	// NvidiaCDIHookPath is nvidia-cdi-hook on the host; empty: the plugin
+	// installs its own copy into the plugin data directory.
+	NvidiaCDIHookPath string
 	PrintSlices       bool
 	// MPSPipeDir is where the node's MPS control daemons keep their pipe
 	// directories (<dir>/<gpu-uuid> or <dir> for one daemon for all GPUs).
@@ -107,6 +121,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.RegistrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "Kubelet plugin registration directory.")
 	fs.StringVar(&o.MockDeviceRoot, "mock-device-root", "", "In mock mode, directory holding fake device nodes (dev/nvidia0, ...) that CDI specs point at, so containers start without GPUs.")
 	fs.StringVar(&o.InterposerLibrary, "interposer-library", "", "Path on the node of a HAMi-core compatible CUDA interposer (libvgpu.so); when set, shares and time slices enforced by the interposer (enforcement interposer, or auto) get it mounted and preloaded.")
+	fs.StringVar(&o.DriverRoot, "driver-root", "", "Root of the NVIDIA driver installation on the host: / for a driver installed on the host, /run/nvidia/driver for the GPU operator's driver container, or a fixture driver root in mock mode. Every claim's containers get its libraries, binaries, firmware and hooks. Default: / with --gpu-backend=nvml, none in mock mode.")
+	fs.StringVar(&o.ContainerDriverRoot, "container-driver-root", "", "Where the plugin sees --driver-root (the chart mounts it at /driver-root). Default: --driver-root itself.")
+	fs.StringVar(&o.DevRoot, "dev-root", "/", "Host root whose dev/ holds the NVIDIA device nodes (--gpu-backend=nvml).")
+	fs.StringVar(&o.ContainerDevRoot, "container-dev-root", "", "Where the plugin sees --dev-root; missing control nodes (nvidia-uvm, nvidia-uvm-tools) are created under it. Default: --dev-root itself.")
+	fs.StringVar(&o.NvidiaCDIHookPath, "nvidia-cdi-hook-path", "", "Path ON THE HOST of the nvidia-cdi-hook executable the CDI specs name (container runtimes run hooks in the host's mount namespace). Default: the plugin copies the hook of its image into <plugin-data-dir>/bin and names that.")
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
 	fs.StringVar(&o.MinEnforcement, "min-enforcement", "none", "The node's enforcement floor: none, mps or interposer (weakest first). A share or time slice whose effective enforcement is weaker (the claim asked for less, or this node lacks --interposer-library or an MPS daemon) fails to prepare; MIG devices and whole GPUs satisfy every floor. A DeviceClass's GpuConfig.minEnforcement can raise it per class.")
@@ -176,6 +195,17 @@ func (o *Options) Validate() error {
 	}
 	if v1alpha1.FloorRank(v1alpha1.EnforcementMode(o.MinEnforcement)) < 0 {
 		return fmt.Errorf("--min-enforcement=%s is not supported: use none, mps or interposer", o.MinEnforcement)
+	}
+	for _, f := range []struct{ name, value string }{
+		{"--driver-root", o.DriverRoot}, {"--container-driver-root", o.ContainerDriverRoot},
+		{"--dev-root", o.DevRoot}, {"--container-dev-root", o.ContainerDevRoot}, {"--nvidia-cdi-hook-path", o.NvidiaCDIHookPath},
+	} {
+		if f.value != "" && !filepath.IsAbs(f.value) {
+			return fmt.Errorf("%s=%q must be an absolute path", f.name, f.value)
+		}
+	}
+	if o.ContainerDriverRoot != "" && o.DriverRoot == "" {
+		return fmt.Errorf("--container-driver-root needs --driver-root: say where the driver is on the host")
 	}
 	if o.RescanInterval < time.Second {
 		return fmt.Errorf("--rescan-interval=%s is too short: use at least 1s", o.RescanInterval)

@@ -24,6 +24,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/driverfiles"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
@@ -56,6 +57,9 @@ type env struct {
 	lastList []resourceapi.ResourceClaim
 	// lastMounts are the mounts of the last inject.
 	lastMounts []oci.Mount
+	// driverRoot, when set, is a fixture driver root whose files every
+	// claim gets.
+	driverRoot string
 }
 
 type envOption func(*env)
@@ -71,6 +75,7 @@ func withMPSPerClaim() envOption {
 		e.opts.Enforce.MPSPerClaim = true
 	}
 }
+func withDriverRoot(root string) envOption { return func(e *env) { e.driverRoot = root } }
 func withInterposer(lib string) envOption {
 	return func(e *env) { e.opts.Enforce.InterposerLibrary = lib }
 }
@@ -131,6 +136,13 @@ func (e *env) start() {
 	if e.shared {
 		e.opts.SharedLock = filepath.Join(e.dir, "serialize.lock")
 	}
+	if e.driverRoot != "" {
+		df, err := driverfiles.New(driverfiles.Options{DriverRoot: e.driverRoot, HookPath: "/opt/tessera/bin/nvidia-cdi-hook", NVML: e.srv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.opts.DriverFiles = df
+	}
 	e.p = New(e.opts)
 	if err := e.p.Recover(e.ctx, e.list); err != nil {
 		t.Fatal(err)
@@ -163,6 +175,22 @@ func (e *env) unprepare(c *resourceapi.ResourceClaim) {
 // the container's environment and device paths.
 func (e *env) inject(ids ...string) (map[string]string, []string) {
 	e.t.Helper()
+	spec := e.injectSpec(ids...)
+	env := map[string]string{}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	var paths []string
+	for _, d := range spec.Linux.Devices {
+		paths = append(paths, d.Path)
+	}
+	return env, paths
+}
+
+// injectSpec returns the OCI spec of a container given the CDI devices.
+func (e *env) injectSpec(ids ...string) *oci.Spec {
+	e.t.Helper()
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(e.opts.CDI.Path), cdi.WithAutoRefresh(false))
 	if err != nil {
 		e.t.Fatal(err)
@@ -175,16 +203,7 @@ func (e *env) inject(ids ...string) (map[string]string, []string) {
 		e.t.Fatal(err)
 	}
 	e.lastMounts = spec.Mounts
-	env := map[string]string{}
-	for _, kv := range spec.Process.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
-	}
-	var paths []string
-	for _, d := range spec.Linux.Devices {
-		paths = append(paths, d.Path)
-	}
-	return env, paths
+	return spec
 }
 
 // migInstances lists the GPU instances in the mock's persisted state.

@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/driverfiles"
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
@@ -51,6 +52,9 @@ type Options struct {
 	Checkpoints *checkpoint.Store
 	CDI         cdispec.Dir
 	Nodes       cdispec.DeviceNodes
+	// DriverFiles, when set, gives every claim's containers the node's
+	// NVIDIA driver files (libraries, binaries, firmware, hooks).
+	DriverFiles DriverFiles
 	MIG         *mig.Manager
 	MIGMode     devicemodel.MIGMode
 	// MIGDestroyUnknown destroys, at start, MIG instances on dynamically
@@ -83,6 +87,12 @@ type Options struct {
 	// with this one during a seamless upgrade: the records are then
 	// reloaded and published around every call (see shared.go).
 	SharedLock string
+}
+
+// DriverFiles are the container edits that bring the node's driver into a
+// container (see package driverfiles).
+type DriverFiles interface {
+	Edits(ctx context.Context) (cdispecs.ContainerEdits, error)
 }
 
 // Crash points, in the order prepare and unprepare pass them.
@@ -548,6 +558,13 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 		return nil, err
 	}
 	claimEdits := cdispecs.ContainerEdits{Env: res.Env, DeviceNodes: control, Mounts: res.Mounts}
+	if p.opts.DriverFiles != nil {
+		driver, err := p.opts.DriverFiles.Edits(ctx)
+		if err != nil {
+			return nil, err
+		}
+		driverfiles.Merge(&claimEdits, driver)
+	}
 	var devices []cdispecs.Device
 	var created []mig.Instance
 	for i, d := range pl.devices {

@@ -109,8 +109,12 @@ var valueSets = []valueSet{
 	{name: "default"},
 	{name: "mock", files: []string{MockValuesPath}},
 	{name: "localcluster", files: []string{LocalClusterValues},
-		set: []string{"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-localcluster/mock-devices"}},
+		set: []string{"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-localcluster/mock-devices",
+			"--set-string", "kubeletPlugin.mock.driverRoot=/var/lib/tessera-localcluster/driver-root"}},
 	{name: "full", files: []string{"test/helm/testdata/full.values.yaml"}},
+	// The interposer copied onto the nodes from an image the user names.
+	{name: "interposer", set: []string{"--set", "kubeletPlugin.interposer.install.enabled=true",
+		"--set-string", "kubeletPlugin.interposer.install.image=registry.example/hami-core:v2.5"}},
 }
 
 // render runs helm template for a value set.
@@ -466,6 +470,13 @@ func TestKubeletPlugin(t *testing.T) {
 				if hp["driver-root"] != "/" || mountPath(c, "driver-root") != "/driver-root" {
 					t.Errorf("driver root not mounted: %v", hp)
 				}
+				if !hasArg(c, "--driver-root=/") || !hasArg(c, "--container-driver-root=/driver-root") ||
+					!hasArg(c, "--dev-root=/") || !hasArg(c, "--container-dev-root=/host-dev-root") {
+					t.Errorf("claims must get the driver files of the mounted driver root: %v", c.Args)
+				}
+				if hp["host-dev"] != "/dev" || mountPath(c, "host-dev") != "/host-dev-root/dev" {
+					t.Errorf("the host's /dev must be mounted at /host-dev-root/dev (missing control nodes are created there): %v", hp)
+				}
 				if spec.HostNetwork {
 					t.Error("hostNetwork is on by default")
 				}
@@ -494,8 +505,10 @@ func TestKubeletPlugin(t *testing.T) {
 				if !ok || hp["mock-devices"] != root || mountPath(c, "mock-devices") != root {
 					t.Errorf("mock device root %q must be a hostPath mounted at the same path: %v", root, hp)
 				}
-				if _, nvml := hp["driver-root"]; nvml {
-					t.Error("mock mode mounts the driver root")
+				// Mock mode mounts only a fixture driver root, at the path
+				// --driver-root names.
+				if dr, ok := argValue(c, "--driver-root"); ok != (vs.name == "localcluster") || hp["driver-root"] != dr || (ok && mountPath(c, "driver-root") != dr) {
+					t.Errorf("mock driver root: --driver-root=%q (set %v), hostPath %q mounted at %q", dr, ok, hp["driver-root"], mountPath(c, "driver-root"))
 				}
 				if _, ok := argValue(c, "--nvml-library"); ok {
 					t.Error("mock mode passes --nvml-library")
@@ -879,6 +892,10 @@ func TestSchemaRejects(t *testing.T) {
 		{"unknown queue resource", []string{"--set", "defaultQueue.resources.cpu.quota=1"}, "cpu"},
 		{"relative interposer path", []string{"--set", "kubeletPlugin.interposerLibrary=libvgpu.so"}, "interposerLibrary"},
 		{"pull policy", []string{"--set", "image.pullPolicy=Sometimes"}, "pullPolicy"},
+		{"interposer install without an image", []string{"--set", "kubeletPlugin.interposer.install.enabled=true"}, "interposer.install.image"},
+		{"interposer installed and named", []string{"--set", "kubeletPlugin.interposer.install.enabled=true", "--set", "kubeletPlugin.interposer.install.image=x/y:1", "--set", "kubeletPlugin.interposerLibrary=/lib/libvgpu.so"}, "not both"},
+		{"relative dev root", []string{"--set", "kubeletPlugin.nvml.devRoot=dev"}, "devRoot"},
+		{"relative hook path", []string{"--set", "kubeletPlugin.nvidiaCDIHookPath=nvidia-cdi-hook"}, "nvidiaCDIHookPath"},
 		{"two replicas without leader election", []string{"--set", "controller.replicas=2", "--set", "controller.leaderElection.enabled=false"}, "leaderElection"},
 		{"grpc probes on a host port with seamless upgrades", []string{"--set", "kubeletPlugin.healthcheck.mode=grpc", "--set", "kubeletPlugin.hostNetwork=true"}, "use healthcheck.mode=exec"},
 		{"webhook without controller", []string{"--set", "controller.enabled=false"}, "webhook.enabled"},

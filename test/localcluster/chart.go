@@ -27,6 +27,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/hack/image/imagebuild"
+	"github.com/tessera-dev/tessera/pkg/driverfiles/fixture"
+	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/test/helm"
 )
 
@@ -402,6 +404,9 @@ func (c *Cluster) helmInstall(ctx context.Context, st chartState) error {
 	if _, err := c.ensureImage(ctx); err != nil {
 		return err
 	}
+	if err := c.ensureDriverRoot(ctx); err != nil {
+		return err
+	}
 	vals, err := c.chartValues(st)
 	if err != nil {
 		return err
@@ -419,7 +424,8 @@ func (c *Cluster) helmInstall(ctx context.Context, st chartState) error {
 	if err := os.WriteFile(file, b, 0o644); err != nil {
 		return err
 	}
-	args := slices.DeleteFunc(helm.LocalClusterInstallArgs(c.Opts.RepoRoot, c.Kubeconfig, c.Dirs.MockDevices, "", "--values", file),
+	args := slices.DeleteFunc(helm.LocalClusterInstallArgs(c.Opts.RepoRoot, c.Kubeconfig, c.Dirs.MockDevices, "", "--values", file,
+		"--set-string", "kubeletPlugin.mock.driverRoot="+c.Dirs.DriverRoot),
 		func(a string) bool { return a == "--wait" })
 	c.logf("helm %s   # %s", strings.Join(args, " "), strings.Join(strings.Fields(strings.ReplaceAll(string(b), "\n", " ")), " "))
 	start := time.Now()
@@ -434,6 +440,17 @@ func (c *Cluster) helmInstall(ctx context.Context, st chartState) error {
 	c.mu.Unlock()
 	c.logf("helm upgrade --install done (%s)", time.Since(start).Round(10*time.Millisecond))
 	return nil
+}
+
+// ensureDriverRoot builds the fixture driver root for the mock GPUs'
+// driver version, once per Cluster value: real ELF libraries, so that the
+// plugin's nvcdi path and the runtime's hooks work as on a GPU node.
+func (c *Cluster) ensureDriverRoot(ctx context.Context) error {
+	c.driverRootOnce.Do(func() {
+		c.logf("building the fixture driver root %s (driver %s)", c.Dirs.DriverRoot, nvmlmock.DefaultDriverVersion)
+		c.driverRootErr = fixture.Build(ctx, c.Dirs.DriverRoot, nvmlmock.DefaultDriverVersion, "")
+	})
+	return c.driverRootErr
 }
 
 func (c *Cluster) chartState() chartState {

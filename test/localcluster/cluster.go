@@ -96,7 +96,10 @@ type Dirs struct {
 	Bin              string
 	Images           string
 	MockDevices      string
-	KubeletConfig    string
+	// DriverRoot is the fixture driver root (pkg/driverfiles/fixture) the
+	// chart-installed plugin gives every claim's containers.
+	DriverRoot    string
+	KubeletConfig string
 }
 
 // Cluster is a handle on the local cluster in a work directory.
@@ -117,6 +120,9 @@ type Cluster struct {
 	// expected are the devices the running plugin configuration publishes.
 	expected []string
 	downMu   sync.Mutex
+	// The fixture driver root, built once (ensureDriverRoot).
+	driverRootOnce sync.Once
+	driverRootErr  error
 	// Chart mode: the helm binary, the image built for this cluster and
 	// what was installed.
 	helm  string
@@ -200,6 +206,7 @@ func New(opts Options) (*Cluster, error) {
 			Bin:              filepath.Join(r, "bin"),
 			Images:           filepath.Join(r, "images"),
 			MockDevices:      filepath.Join(r, "mock-devices"),
+			DriverRoot:       filepath.Join(r, "driver-root"),
 			KubeletConfig:    filepath.Join(r, "kubelet-config.yaml"),
 		},
 		Bin:        binaryPaths(),

@@ -9,6 +9,9 @@
 //	                          dynamically linked against glibc; the loader
 //	                          and the glibc libraries come along
 //	/usr/bin/controller       static (CGO_ENABLED=0)
+//	/usr/bin/nvidia-cdi-hook  cgo (go-nvml); NVIDIA's CDI hook, which the
+//	                          plugin copies onto the host (it runs there,
+//	                          against the host's glibc)
 //	/etc/passwd, /etc/group   root and nonroot (65532)
 //	/tmp
 //
@@ -49,13 +52,27 @@ const DefaultTag = "tessera.dev/tessera:dev"
 var Commands = []Command{
 	{Name: "kubelet-plugin", CGO: true},
 	{Name: "controller", CGO: false},
+	// The CDI hook the driver files' specs name (symlinks, ld cache); the
+	// plugin copies it onto the host. Built from the Go module proxy at
+	// the version go.mod's tool directive pins. cgo: it links go-nvml.
+	{Name: "nvidia-cdi-hook", Package: "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook", CGO: true},
 }
 
-// Command is one ./cmd/<Name> binary.
+// Command is one binary: ./cmd/<Name>, or Package when set.
 type Command struct {
 	Name string
+	// Package is a Go package of a dependency to build instead of
+	// ./cmd/<Name>.
+	Package string
 	// CGO: the command needs cgo (go-nvml's dlopen wrapper does).
 	CGO bool
+}
+
+func (c Command) pkg() string {
+	if c.Package != "" {
+		return c.Package
+	}
+	return "./cmd/" + c.Name
 }
 
 // BinDir is where the commands live in the image.
@@ -105,7 +122,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	cmds := o.Commands
 	if cmds == nil {
 		for _, c := range Commands {
-			if hasGoSources(filepath.Join(o.RepoRoot, "cmd", c.Name)) {
+			if c.Package != "" || hasGoSources(filepath.Join(o.RepoRoot, "cmd", c.Name)) {
 				cmds = append(cmds, c)
 			} else {
 				o.Logf("./cmd/%s has no sources yet: left out of the image", c.Name)
@@ -132,8 +149,8 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{Tag: o.Tag}
 	for _, c := range cmds {
 		bin := filepath.Join(tmp, c.Name)
-		o.Logf("building ./cmd/%s (cgo %v)", c.Name, c.CGO)
-		if err := goBuild(ctx, o.RepoRoot, bin, "./cmd/"+c.Name, c.CGO); err != nil {
+		o.Logf("building %s (cgo %v)", c.pkg(), c.CGO)
+		if err := goBuild(ctx, o.RepoRoot, bin, c.pkg(), c.CGO); err != nil {
 			return nil, err
 		}
 		data, err := os.ReadFile(bin)

@@ -194,7 +194,7 @@ func TestBuildReadBack(t *testing.T) {
 		}
 		f.Close()
 	}
-	want := map[string]bool{"kubelet-plugin": true}
+	want := map[string]bool{"kubelet-plugin": true, "nvidia-cdi-hook": true}
 	for _, c := range res.Commands {
 		delete(want, c)
 	}

@@ -134,6 +134,12 @@ config:
 {{- if and (eq $p.healthcheck.mode "grpc") $p.hostNetwork $p.seamlessUpgrade -}}
 {{- fail "kubeletPlugin.healthcheck.mode=grpc with hostNetwork: the health port is a host port, which the new pod of a seamless upgrade cannot share with the old one; use healthcheck.mode=exec (the default) or seamlessUpgrade=false" -}}
 {{- end -}}
+{{- if and .Values.kubeletPlugin.interposer.install.enabled (not .Values.kubeletPlugin.interposer.install.image) -}}
+{{- fail "kubeletPlugin.interposer.install.enabled=true needs kubeletPlugin.interposer.install.image: the image that holds libvgpu.so" -}}
+{{- end -}}
+{{- if and .Values.kubeletPlugin.interposer.install.enabled .Values.kubeletPlugin.interposerLibrary -}}
+{{- fail "set either kubeletPlugin.interposerLibrary (a library already on the nodes) or kubeletPlugin.interposer.install.enabled (copy it from an image), not both" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A component's verbosity: (list override global); 0 is a valid override. */}}

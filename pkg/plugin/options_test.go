@@ -1,0 +1,41 @@
+package plugin
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidateDriverFlags(t *testing.T) {
+	base := func() Options {
+		return Options{NodeName: "n", CDIRoot: "/var/run/cdi", PluginDataDir: "/p", RescanInterval: time.Minute, DevRoot: "/"}
+	}
+	for _, tc := range []struct {
+		name string
+		set  func(*Options)
+		want string
+	}{
+		{"defaults", func(*Options) {}, ""},
+		{"operator driver root", func(o *Options) { o.DriverRoot, o.ContainerDriverRoot = "/run/nvidia/driver", "/driver-root" }, ""},
+		{"relative driver root", func(o *Options) { o.DriverRoot = "run/nvidia/driver" }, "--driver-root"},
+		{"relative dev root", func(o *Options) { o.DevRoot = "dev" }, "--dev-root"},
+		{"relative container dev root", func(o *Options) { o.ContainerDevRoot = "host" }, "--container-dev-root"},
+		{"relative hook", func(o *Options) { o.NvidiaCDIHookPath = "nvidia-cdi-hook" }, "--nvidia-cdi-hook-path"},
+		{"container root without host root", func(o *Options) { o.ContainerDriverRoot = "/driver-root" }, "needs --driver-root"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base()
+			tc.set(&o)
+			err := o.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate: %v, want an error naming %s", err, tc.want)
+			}
+		})
+	}
+}
