@@ -62,19 +62,7 @@ func (d *dyingClient) Patch(ctx context.Context, obj client.Object, patch client
 // some running and the others left to be admitted separately.
 func TestGangAtomicAcrossFaults(t *testing.T) {
 	e := startEnv(t)
-	slices, err := admissiontest.NodeSlices("node-1", admissiontest.NodeOptions{Profile: "h100-80gb:4"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, dc := range admissiontest.Classes() {
-		e.create(dc)
-	}
-	for _, s := range slices {
-		s := s.DeepCopy()
-		s.TypeMeta = metav1.TypeMeta{}
-		e.create(s)
-	}
-	e.readyNode("node-1")
+	e.gpuNode("node-1", "h100-80gb:4")
 	e.create(admissiontest.Queue("team", "", "", ""))
 
 	newAdmitter := func(c client.Client) *controller.Admitter {

@@ -201,6 +201,27 @@ func (r *replica) shutdown() {
 
 func (e *env) stopController() { e.cur.shutdown() }
 
+// gpuNode creates the device classes and a Ready node with mock GPUs of
+// the profile, whose ResourceSlices it publishes as the kubelet plugin
+// would, and returns them.
+func (e *env) gpuNode(name, profile string) []*resourceapi.ResourceSlice {
+	e.t.Helper()
+	slices, err := admissiontest.NodeSlices(name, admissiontest.NodeOptions{Profile: profile})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, dc := range admissiontest.Classes() {
+		e.create(dc)
+	}
+	for _, s := range slices {
+		s := s.DeepCopy()
+		s.TypeMeta = metav1.TypeMeta{}
+		e.create(s)
+	}
+	e.readyNode(name)
+	return slices
+}
+
 // readyNode creates a Ready node. The API server taints new nodes
 // not-ready; envtest runs no node lifecycle controller to lift it.
 func (e *env) readyNode(name string) {
@@ -367,19 +388,7 @@ func asNew(p *corev1.Pod) *corev1.Pod { p.UID = ""; return p }
 func TestController(t *testing.T) {
 	e := startEnv(t)
 	// A node with 8 x H100, published as the kubelet plugin publishes.
-	slices, err := admissiontest.NodeSlices("node-1", admissiontest.NodeOptions{Profile: "dgxh100"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, dc := range admissiontest.Classes() {
-		e.create(dc)
-	}
-	for _, s := range slices {
-		s := s.DeepCopy()
-		s.TypeMeta = metav1.TypeMeta{}
-		e.create(s)
-	}
-	e.readyNode("node-1")
+	slices := e.gpuNode("node-1", "dgxh100")
 	e.create(admissiontest.Queue("org", "", "", ""), admissiontest.Queue("team-a", "org", "16Gi", "16Gi"), admissiontest.Queue("team-b", "org", "", ""))
 
 	e.startController()

@@ -86,6 +86,25 @@ func startProcess(t *testing.T, dir, name, bin string, args ...string) {
 	})
 }
 
+// chartAPIServer starts etcd and kube-apiserver for a test that installs
+// the chart (skipped with -short), with a context for the test and an
+// admin client.
+func chartAPIServer(t *testing.T) (*apiServer, context.Context, kubernetes.Interface) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts etcd and kube-apiserver")
+	}
+	helmBinary(t)
+	s := startAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	admin, err := kubernetes.NewForConfig(s.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, ctx, admin
+}
+
 func startAPIServer(t *testing.T) *apiServer {
 	t.Helper()
 	apiserverBin := upstreamBinary("kubernetes", "kube-apiserver")
@@ -242,17 +261,7 @@ func slice(name, node, driver string) *resourceapi.ResourceSlice {
 // TestInstallIntoAPIServer installs, upgrades and uninstalls the chart in a
 // real kube-apiserver and checks what its RBAC and admission policy allow.
 func TestInstallIntoAPIServer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts etcd and kube-apiserver")
-	}
-	helmBinary(t)
-	s := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	admin, err := kubernetes.NewForConfig(s.config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, ctx, admin := chartAPIServer(t)
 
 	// The local cluster's values: the webhooks are called on 127.0.0.1 (a
 	// free port nothing listens on), so this API server dials nothing but

@@ -1,7 +1,6 @@
 package helm
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -20,17 +19,7 @@ import (
 // a real kube-apiserver, and acts as a namespace user with the built-in
 // `edit` role, as the controller and as the kubelet plugin.
 func TestAdmissionPolicies(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts etcd and kube-apiserver")
-	}
-	helmBinary(t)
-	s := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	admin, err := kubernetes.NewForConfig(s.config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, ctx, admin := chartAPIServer(t)
 	install := []string{"upgrade", "--install", ReleaseName, ChartPath,
 		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
 		"--values", LocalClusterValues,
@@ -126,7 +115,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	}
 
 	// 1. Only the controller ungates; queue and gang labels are fixed.
-	_, err = tenant.CoreV1().Pods("team-a").Create(ctx, pod("w", queued, true, true), metav1.CreateOptions{})
+	_, err := tenant.CoreV1().Pods("team-a").Create(ctx, pod("w", queued, true, true), metav1.CreateOptions{})
 	allowed("tenant creates a queued, gated pod", err)
 	ungate := `{"spec":{"schedulingGates":[{"$patch":"delete","name":"tessera.dev/admission"}]}}`
 	refused("tenant removes the admission gate", patch(tenant, "team-a", "w", ungate), "only Tessera's controller removes the tessera.dev/admission scheduling gate")

@@ -1,7 +1,6 @@
 package helm
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"strings"
@@ -27,13 +26,7 @@ import (
 // namespaces (label and gate stamped), two Tessera claims in one container,
 // and the Queue webhook on DELETE, as the API server calls them.
 func TestWebhooksInAPIServer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts etcd and kube-apiserver")
-	}
-	helmBinary(t)
-	s := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	s, ctx, _ := chartAPIServer(t)
 	port := freePort(t)
 	install := []string{"upgrade", "--install", ReleaseName, ChartPath,
 		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
