@@ -63,8 +63,10 @@ func TestDemoShowdown(t *testing.T) {
 		if got := pl.Env["TESSERA_COMPUTE_LIMIT"]; got != "100" {
 			t.Errorf("%s: TESSERA_COMPUTE_LIMIT=%q, want 100 (no cores requested)", name, got)
 		}
-		if _, ok := pl.Env["CUDA_DEVICE_SM_LIMIT_0"]; ok {
-			t.Errorf("%s: CUDA_DEVICE_SM_LIMIT_0 set although no cores were requested", name)
+		// Set even without a cores request (100: no cap), so that the
+		// pod's own variable cannot supply a value.
+		if got := pl.Env["CUDA_DEVICE_SM_LIMIT_0"]; got != "100" {
+			t.Errorf("%s: CUDA_DEVICE_SM_LIMIT_0=%q, want 100 (no cores requested: no cap)", name, got)
 		}
 		files = append(files, hostFilesOfClaim(t, c.UID)...)
 	}
