@@ -62,9 +62,8 @@ func (n *foreignNode) rediscover() {
 	n.inv = inv
 }
 
-// create makes a GPU instance and a full compute instance, as nvidia-smi
-// mig -cgi ... -C does.
-func (n *foreignNode) create(profile string, start int) nvml.Return {
+// createGI makes the GPU instance of a profile at a placement start.
+func (n *foreignNode) createGI(profile string, start int) (nvml.GpuInstance, inventory.MIGProfile, nvml.Return) {
 	n.t.Helper()
 	dev := n.srv.Devices()[0]
 	for _, p := range n.inv.GPUs[0].MIGProfiles {
@@ -77,19 +76,27 @@ func (n *foreignNode) create(profile string, start int) nvml.Return {
 			}
 			info, _ := dev.GetGpuInstanceProfileInfo(p.GIProfileID)
 			gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
-			if ret != nvml.SUCCESS {
-				return ret
-			}
-			ci, ret := gi.GetComputeInstanceProfileInfo(p.CIProfileID, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-			if ret != nvml.SUCCESS {
-				return ret
-			}
-			_, ret = gi.CreateComputeInstance(&ci)
-			return ret
+			return gi, p, ret
 		}
 	}
 	n.t.Fatalf("no profile %s with a placement at %d", profile, start)
-	return nvml.ERROR_UNKNOWN
+	return nil, inventory.MIGProfile{}, nvml.ERROR_UNKNOWN
+}
+
+// create makes a GPU instance and a full compute instance, as nvidia-smi
+// mig -cgi ... -C does.
+func (n *foreignNode) create(profile string, start int) nvml.Return {
+	n.t.Helper()
+	gi, p, ret := n.createGI(profile, start)
+	if ret != nvml.SUCCESS {
+		return ret
+	}
+	ci, ret := gi.GetComputeInstanceProfileInfo(p.CIProfileID, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		return ret
+	}
+	_, ret = gi.CreateComputeInstance(&ci)
+	return ret
 }
 
 // cluster publishes the node as the plugin does; foreign marks every

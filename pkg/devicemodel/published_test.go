@@ -1,7 +1,6 @@
 package devicemodel_test
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -95,24 +94,12 @@ func TestDeviceModelMatchesPublishedMIGTables(t *testing.T) {
 
 // tryCreate creates and, on success, destroys again an instance.
 func (n *foreignNode) tryCreate(profile string, start int) nvml.Return {
-	dev := n.srv.Devices()[0]
-	for _, p := range n.inv.GPUs[0].MIGProfiles {
-		if p.Name != profile {
-			continue
-		}
-		for _, pl := range p.Placements {
-			if pl.Start != start {
-				continue
-			}
-			info, _ := dev.GetGpuInstanceProfileInfo(p.GIProfileID)
-			gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
-			if ret == nvml.SUCCESS {
-				if r := gi.Destroy(); r != nvml.SUCCESS {
-					n.t.Fatalf("destroy: %v", r)
-				}
-			}
-			return ret
+	n.t.Helper()
+	gi, _, ret := n.createGI(profile, start)
+	if ret == nvml.SUCCESS {
+		if r := gi.Destroy(); r != nvml.SUCCESS {
+			n.t.Fatalf("destroy: %v", r)
 		}
 	}
-	panic(fmt.Sprintf("no %s at %d", profile, start))
+	return ret
 }

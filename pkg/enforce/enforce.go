@@ -406,9 +406,9 @@ func levelRank(l Level) int {
 func modeRank(m Mode) int {
 	switch m {
 	case ModeInterposer:
-		return v1alpha1.FloorRank(v1alpha1.EnforcementInterposer)
+		return levelRank(Interposer)
 	case ModeMPS:
-		return v1alpha1.FloorRank(v1alpha1.EnforcementMPS)
+		return levelRank(MPS)
 	}
 	return 0
 }
