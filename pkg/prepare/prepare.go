@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
@@ -719,23 +720,7 @@ func kubeletDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
 }
 
 // StatusData is the data a device's entry in status.devices carries.
-type StatusData struct {
-	// UUID is what the container addresses: the GPU's or MIG device's UUID.
-	UUID    string `json:"uuid"`
-	GPUUUID string `json:"gpuUUID,omitempty"`
-	// MIGProfile is the MIG profile of a MIG device.
-	MIGProfile string `json:"migProfile,omitempty"`
-	// MemoryLimit is the device memory the claim may use.
-	MemoryLimit      resource.Quantity `json:"memoryLimit"`
-	MemoryLimitBytes uint64            `json:"memoryLimitBytes"`
-	// ComputeLimit is the compute percent (100 = no cap).
-	ComputeLimit int `json:"computeLimit"`
-	// Enforcement is the effective mode: mig, exclusive, interposer, mps
-	// or none; Enforced what enforces it: hard, interposer, mps, advisory.
-	Enforcement       string `json:"enforcement"`
-	Enforced          string `json:"enforced"`
-	TimeSliceInterval string `json:"timeSliceInterval,omitempty"`
-}
+type StatusData = v1alpha1.DeviceStatus
 
 func statusDevices(driver string, rec *checkpoint.Claim) []resourceapi.AllocatedDeviceStatus {
 	out := make([]resourceapi.AllocatedDeviceStatus, 0, len(rec.Devices))
