@@ -4,9 +4,11 @@
 package backend
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -41,6 +43,28 @@ type Backend struct {
 	nvml.Interface
 	// Mock is set in mock mode, for fault injection.
 	Mock *nvmlmock.Server
+	// stateDir is Options.MockStateDir.
+	stateDir string
+}
+
+// Close shuts the library down.
+func (b *Backend) Close() error {
+	if ret := b.Shutdown(); ret != nvml.SUCCESS {
+		return fmt.Errorf("NVML shutdown: %s", nvml.ErrorString(ret))
+	}
+	return nil
+}
+
+// WatchFaults applies, until ctx ends, the XID errors written into the
+// mock state directory's inject file (how the end-to-end tests make a mock
+// GPU fail; see nvmlmock.InjectFileName), polling every interval. With
+// real NVML, or without a state directory, there is nothing to watch and
+// it returns at once.
+func (b *Backend) WatchFaults(ctx context.Context, interval time.Duration) {
+	if b.Mock == nil || b.stateDir == "" {
+		return
+	}
+	b.Mock.WatchInjectFile(ctx, filepath.Join(b.stateDir, nvmlmock.InjectFileName), interval)
 }
 
 // Open initialises the selected backend. Errors name the flag to fix.
@@ -103,5 +127,5 @@ func openMock(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{Interface: srv, Mock: srv}, nil
+	return &Backend{Interface: srv, Mock: srv, stateDir: opts.MockStateDir}, nil
 }

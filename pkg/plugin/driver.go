@@ -32,7 +32,6 @@ import (
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/mps"
-	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/prepare"
 	"github.com/tessera-dev/tessera/pkg/publish"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
@@ -192,10 +191,7 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 			logger.Error(err, "GPU health monitoring stopped")
 		}
 	})
-	if be.Mock != nil {
-		path := filepath.Join(bo.MockStateDir, nvmlmock.InjectFileName)
-		d.goRun(func() { be.Mock.WatchInjectFile(ctx, path, injectInterval) })
-	}
+	d.goRun(func() { be.WatchFaults(ctx, injectInterval) })
 	helper, err := kubeletplugin.Start(ctx, d, d.pluginOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
@@ -237,7 +233,9 @@ func (d *Driver) Stop() {
 		d.helper.Stop()
 	}
 	d.wg.Wait()
-	d.backend.Shutdown()
+	if err := d.backend.Close(); err != nil {
+		klog.FromContext(d.ctx).Error(err, "Shutting down the GPU backend")
+	}
 }
 
 // pluginOptions configure the kubelet plugin library. Alone, the plugin

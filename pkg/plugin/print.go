@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/yaml"
 
@@ -30,7 +31,11 @@ func PrintSlices(ctx context.Context, o *Options, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer be.Shutdown()
+	defer func() {
+		if err := be.Close(); err != nil {
+			klog.FromContext(ctx).Error(err, "Shutting down the GPU backend")
+		}
+	}()
 	inv, err := discover.Discover(ctx, be)
 	if err != nil {
 		return err
