@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz vet fmt generate verify-generated demo print-slices gpu-smoke bench bench-smoke clean help
+.PHONY: all build test unit fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke bench bench-smoke clean help
 
 all: build
 
@@ -18,8 +18,8 @@ build:
 	$(GO) build -o $(BIN)/kubelet-plugin ./cmd/kubelet-plugin
 	$(GO) build -o $(BIN)/controller ./cmd/controller
 
-## test: vet, upstream binaries (cached), unit tests with -race, bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
-test: vet verify-generated cluster-build unit fuzz bench-smoke helm-lint e2e
+## test: vet, golangci-lint, upstream binaries (cached), unit tests with -race, bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
+test: vet lint verify-generated cluster-build unit fuzz bench-smoke helm-lint e2e
 
 ## generate: regenerate the deep-copy code and the CRDs from api/ (controller-gen), and the chart's copy of the CRDs
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
@@ -41,6 +41,14 @@ verify-generated:
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
+
+## lint: golangci-lint with the committed .golangci.yml (built once from the module proxy into ~/.cache/tessera)
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT ?= $(HOME)/.cache/tessera/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
+lint: $(GOLANGCI_LINT)
+	$(GOLANGCI_LINT) run ./...
+$(GOLANGCI_LINT):
+	GOBIN=$(dir $@) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
 ## unit: unit and integration tests (no cluster), with the race detector
 unit:

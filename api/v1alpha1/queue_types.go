@@ -177,7 +177,3 @@ type QueueList struct {
 
 // QueueConditionValid is the condition type saying whether a queue is usable.
 const QueueConditionValid = "Valid"
-
-func init() {
-	SchemeBuilder.Register(&Queue{}, &QueueList{})
-}

@@ -435,13 +435,12 @@ func (c *cycle) prepare(w *Workload) (queue.Vector, *Verdict) {
 }
 
 type leafQueue struct {
-	q       *queue.Queue
-	work    []*Workload
-	demand  []queue.Vector
-	next    int
-	pass2   []int // indexes deferred to pass 2
-	next2   int
-	verdict map[*Workload]*Verdict
+	q      *queue.Queue
+	work   []*Workload
+	demand []queue.Vector
+	next   int
+	pass2  []int // indexes deferred to pass 2
+	next2  int
 }
 
 func (c *cycle) decidePending(pending []*Workload) error {

@@ -107,7 +107,9 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 			for _, g := range open {
 				rest := gangs[g]
 				var name, q, tm, size string
-				fmt.Sscanf(replaceBars(rest[0]), "%s %s %s %s", &name, &q, &tm, &size)
+				if _, err := fmt.Sscanf(replaceBars(rest[0]), "%s %s %s %s", &name, &q, &tm, &size); err != nil {
+					t.Fatalf("gang member %q: %v", rest[0], err)
+				}
 				w.pod(name, PodOptions{Queue: q, Gang: g, GangSize: size, Templates: []string{tm}})
 				gangs[g] = rest[1:]
 				if len(gangs[g]) == 0 {

@@ -92,7 +92,11 @@ func (m *Monitor) Run(ctx context.Context, inv *inventory.Inventory) error {
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("create NVML event set: %s", nvml.ErrorString(ret))
 	}
-	defer es.Free()
+	defer func() {
+		if ret := es.Free(); ret != nvml.SUCCESS {
+			logger.V(2).Info("Freeing the NVML event set failed", "error", nvml.ErrorString(ret))
+		}
+	}()
 	for _, gpu := range inv.GPUs {
 		dev, ret := m.lib.DeviceGetHandleByUUID(gpu.UUID)
 		if ret != nvml.SUCCESS {

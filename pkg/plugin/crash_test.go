@@ -255,7 +255,6 @@ func TestCrashInjection(t *testing.T) {
 				c.kill()
 				t.Fatalf("crash %d: replaying %s after restart: %v", i, inflight, err)
 			}
-			inflight = nil
 		}
 		ct.verify(i)
 		inflight = ct.crashOnce(c, i)
@@ -540,7 +539,7 @@ func (ct *crashTest) verify(i int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(st[ct.tsGPU]); got != wantInterval && !(got == "" && wantInterval == v1Default) {
+	if got := string(st[ct.tsGPU]); got != wantInterval && (got != "" || wantInterval != v1Default) {
 		t.Errorf("after crash %d: GPU 2's time slice is %q, want %q", i, got, wantInterval)
 	}
 }

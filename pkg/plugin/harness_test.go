@@ -85,7 +85,7 @@ func newFakeClient(objs ...runtime.Object) *fake.Clientset {
 // newLightFakeClient starts much faster: no field management, and status
 // writes (status.devices) are accepted without effect.
 func newLightFakeClient(objs ...runtime.Object) *fake.Clientset {
-	//nolint:staticcheck // NewClientset builds OpenAPI type converters: too slow for a process started hundreds of times.
+	// Not fake.NewClientset: it builds OpenAPI type converters: too slow for a process started hundreds of times.
 	client := nameGenerated(fake.NewSimpleClientset(objs...))
 	client.PrependReactor("update", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		if action.GetSubresource() != "status" {

@@ -61,7 +61,7 @@ func TestStatusWriterWrite(t *testing.T) {
 			Devices:    []resourceapi.AllocatedDeviceStatus{devStatus("net.example.com", "eth0")},
 		},
 	}
-	client := fake.NewSimpleClientset(claim) //nolint:staticcheck // no field management needed
+	client := fake.NewSimpleClientset(claim) // no field management needed
 	w := newStatusWriter(client, "gpu.tessera.dev")
 	name := types.NamespacedName{Namespace: "ns", Name: "c"}
 

@@ -42,8 +42,6 @@ type plan struct {
 	devices []planned
 }
 
-func (p *plan) ref() string { return p.claim.Namespace + "/" + p.claim.Name }
-
 // ourResults returns the allocation results of this driver.
 func ourResults(claim *resourceapi.ResourceClaim, driver string) []resourceapi.DeviceRequestAllocationResult {
 	if claim.Status.Allocation == nil {

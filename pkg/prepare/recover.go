@@ -86,7 +86,8 @@ func (p *Preparer) recoverLocked(ctx context.Context, list ClaimLister) error {
 		logger.Info("Rolled back interrupted prepare", "claim", klog.KRef(c.Namespace, c.Name), "uid", c.UID)
 	}
 	for _, c := range loaded.Stale {
-		if err := p.removeFiles(c.UID, c.SpecName, c.AccountingDir); err == nil {
+		err := p.removeFiles(c.UID, c.SpecName, c.AccountingDir)
+		if err == nil {
 			err = p.opts.Checkpoints.Delete(c.UID)
 			p.changed()
 		}

@@ -15,13 +15,12 @@ import (
 // q describes a queue of a test in GPUs (the examples of KAI's and Kueue's
 // documentation count GPUs or CPUs; here they are GPU equivalents).
 type q struct {
-	name, parent     string
-	prio             int32
-	quota, limit     string // GPUs; "" = unset
-	weight           *int32
-	alloc, pending   float64 // GPUs
-	wantFair         float64 // GPUs
-	wantFairAbsolute bool
+	name, parent   string
+	prio           int32
+	quota, limit   string // GPUs; "" = unset
+	weight         *int32
+	alloc, pending float64 // GPUs
+	wantFair       float64 // GPUs
 }
 
 func gpus(f float64) int64 { return int64(math.Round(f * GPU)) }

@@ -91,9 +91,10 @@ func EnsureCA(ctx context.Context, c client.Client, namespace, name string) (*CA
 			return nil, fmt.Errorf("creating webhook CA secret %s/%s: %w", namespace, name, err)
 		}
 		// Another replica was faster: use its CA.
-		err = c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s)
-	}
-	if err != nil {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s); err != nil {
+			return nil, fmt.Errorf("reading webhook CA secret %s/%s: %w", namespace, name, err)
+		}
+	} else if err != nil {
 		return nil, fmt.Errorf("reading webhook CA secret %s/%s: %w", namespace, name, err)
 	}
 	return parseCA(s.Data[caCertKey], s.Data[caKeyKey])

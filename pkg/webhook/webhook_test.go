@@ -13,7 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
@@ -112,6 +114,37 @@ func TestQueueValidator(t *testing.T) {
 				t.Errorf("allowed=%v %q, want %q", resp.Allowed, msg, tc.want)
 			}
 		})
+	}
+}
+
+// Two replicas start at once: both find no CA secret, the other one
+// creates it first. This one must use the other's CA, not fail.
+func TestEnsureCALosesCreateRace(t *testing.T) {
+	ctx := context.Background()
+	store := fake.NewClientBuilder().WithScheme(scheme(t)).Build()
+	other, err := webhook.EnsureCA(ctx, store, "kube-system", "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := interceptor.NewClient(store, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			winner := &corev1.Secret{}
+			if err := c.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: "other"}, winner); err != nil {
+				return err
+			}
+			winner.ObjectMeta = metav1.ObjectMeta{Namespace: obj.GetNamespace(), Name: obj.GetName()}
+			if err := c.Create(ctx, winner); err != nil {
+				return err
+			}
+			return c.Create(ctx, obj, opts...) // AlreadyExists
+		},
+	})
+	ca, err := webhook.EnsureCA(ctx, c, "kube-system", "ca")
+	if err != nil {
+		t.Fatalf("losing the create race: %v", err)
+	}
+	if string(ca.CertPEM) != string(other.CertPEM) {
+		t.Error("the replica that lost the race serves its own CA, not the one stored")
 	}
 }
 

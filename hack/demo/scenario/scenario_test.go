@@ -102,7 +102,9 @@ func stripComments(doc string) string {
 
 func TestReadManifests(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "x.yaml")
-	os.WriteFile(f, []byte("# comment\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  annotations:\n    demo.tessera.dev/expect: Pending\n---\n\n---\nkind: ConfigMap\nmetadata: {name: b}\n"), 0o644)
+	if err := os.WriteFile(f, []byte("# comment\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  annotations:\n    demo.tessera.dev/expect: Pending\n---\n\n---\nkind: ConfigMap\nmetadata: {name: b}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	m, err := ReadManifests(f)
 	if err != nil {
 		t.Fatal(err)
