@@ -30,6 +30,10 @@ const (
 const (
 	AnnotationClaim        = "gpu.tessera.dev/claim"
 	AnnotationMIGInstances = "gpu.tessera.dev/mig-instances"
+	// AnnotationReservation is what the claim holds on the node (its
+	// checkpoint's devices, as JSON): a claim whose checkpoint is lost
+	// keeps it until it is repaired.
+	AnnotationReservation = "gpu.tessera.dev/reservation"
 )
 
 const specExt = ".json"

@@ -178,12 +178,12 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 	if err != nil {
 		return nil, err
 	}
-	if err := d.preparer.Recover(ctx, d.listClaims); err != nil {
+	if err := d.preparer.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
 	d.goRun(func() { d.status.Run(ctx, 2) })
 	if len(d.preparer.Pending()) > 0 {
-		d.goRun(func() { d.preparer.RunRepairs(ctx, d.listClaims, repairInterval) })
+		d.goRun(func() { d.preparer.RunRepairs(ctx, repairInterval) })
 	}
 	inv := d.publisher.Inventory()
 	d.goRun(func() {
@@ -344,6 +344,7 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 			return d.publisher.Inventory(), d.modelCfg
 		},
 		Status:     d.statusWriter(),
+		GetClaim:   d.getClaim,
 		Crash:      o.crash,
 		SharedLock: o.sharedLock(),
 	}), nil
@@ -431,12 +432,9 @@ func (d *Driver) deviceNames(inv *inventory.Inventory) []string {
 	return names
 }
 
-func (d *Driver) listClaims(ctx context.Context) ([]resourceapi.ResourceClaim, error) {
-	list, err := d.client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	return list.Items, nil
+// getClaim reads one claim for the preparer's repairs (prepare.ClaimGetter).
+func (d *Driver) getClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+	return d.client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
 }
 
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin. Claims are

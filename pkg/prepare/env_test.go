@@ -3,6 +3,7 @@ package prepare
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -41,20 +43,24 @@ const (
 
 // env is a node with mock GPUs and a Preparer over temp directories.
 type env struct {
-	t        *testing.T
-	ctx      context.Context
-	dir      string
-	srv      *nvmlmock.Server
-	inv      *inventory.Inventory
-	cfg      devicemodel.Config
-	opts     Options
-	p        *Preparer
-	status   *fakeStatus
-	bootID   string
-	profile  string
-	mig      bool
-	shared   bool
-	lastList []resourceapi.ResourceClaim
+	t       *testing.T
+	ctx     context.Context
+	dir     string
+	srv     *nvmlmock.Server
+	inv     *inventory.Inventory
+	cfg     devicemodel.Config
+	opts    Options
+	p       *Preparer
+	status  *fakeStatus
+	bootID  string
+	profile string
+	mig     bool
+	shared  bool
+	// apiClaims are the claims the API server holds; apiDown makes it
+	// refuse every request; gets are the claims read, as namespace/name.
+	apiClaims []resourceapi.ResourceClaim
+	apiDown   bool
+	gets      []string
 	// lastMounts are the mounts of the last inject.
 	lastMounts []oci.Mount
 	// driverRoot, when set, is a fixture driver root whose files every
@@ -129,9 +135,10 @@ func (e *env) start() {
 		MIGMode:   e.cfg.MIGMode,
 		TimeSlice: timeslice.NewManager(&timeslice.FileRecorder{Path: filepath.Join(e.dir, "mock-timeslice.json")}),
 		Enforce:   enf, AccountingDir: filepath.Join(e.dir, "accounting"),
-		Model:  func() (*inventory.Inventory, devicemodel.Config) { return e.inv, e.cfg },
-		Status: e.status,
-		MPS:    mpsManager,
+		Model:    func() (*inventory.Inventory, devicemodel.Config) { return e.inv, e.cfg },
+		Status:   e.status,
+		GetClaim: e.getClaim,
+		MPS:      mpsManager,
 	}
 	if e.shared {
 		e.opts.SharedLock = filepath.Join(e.dir, "serialize.lock")
@@ -144,12 +151,23 @@ func (e *env) start() {
 		e.opts.DriverFiles = df
 	}
 	e.p = New(e.opts)
-	if err := e.p.Recover(e.ctx, e.list); err != nil {
+	if err := e.p.Recover(e.ctx); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func (e *env) list(context.Context) ([]resourceapi.ResourceClaim, error) { return e.lastList, nil }
+func (e *env) getClaim(_ context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+	e.gets = append(e.gets, namespace+"/"+name)
+	if e.apiDown {
+		return nil, errors.New("connection refused")
+	}
+	for i := range e.apiClaims {
+		if c := &e.apiClaims[i]; c.Namespace == namespace && c.Name == name {
+			return c.DeepCopy(), nil
+		}
+	}
+	return nil, apierrors.NewNotFound(resourceapi.Resource("resourceclaims"), name)
+}
 
 func (e *env) prepare(c *resourceapi.ResourceClaim) []string {
 	e.t.Helper()

@@ -81,6 +81,9 @@ type Options struct {
 	// Model returns the current inventory and device-model configuration.
 	Model  func() (*inventory.Inventory, devicemodel.Config)
 	Status StatusWriter
+	// GetClaim reads one ResourceClaim from the API server; only used to
+	// repair records that were lost (see Recover).
+	GetClaim ClaimGetter
 	// Crash, when set, is called at named points of prepare and unprepare
 	// (crash-injection tests kill the process there).
 	Crash func(point string)
@@ -126,6 +129,10 @@ type Preparer struct {
 	// pending are claims whose lost record waits for the API server to be
 	// repaired, with the reason.
 	pending map[string]string
+	// provisional are the reservations of pending claims, rebuilt from
+	// their CDI specs: until a repair settles a claim, what it held counts
+	// as taken (see Recover).
+	provisional map[string]*checkpoint.Claim
 	// generation is the shared-state token this process last saw or
 	// wrote; dirty says it changed records since (see shared.go).
 	generation string
@@ -138,7 +145,7 @@ type Preparer struct {
 
 // New returns a Preparer. Call Recover before serving.
 func New(opts Options) *Preparer {
-	return &Preparer{opts: opts, claims: map[string]*checkpoint.Claim{}, locks: keyedMutex{m: map[string]*keyedEntry{}}}
+	return &Preparer{opts: opts, claims: map[string]*checkpoint.Claim{}, provisional: map[string]*checkpoint.Claim{}, locks: keyedMutex{m: map[string]*keyedEntry{}}}
 }
 
 func (p *Preparer) crash(point string) {
@@ -177,7 +184,14 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	uid := string(claim.UID)
 	unlock := p.locks.lock(uid)
 	defer unlock()
-	return p.prepareLocked(ctx, claim, false)
+	// A claim whose record was lost is prepared as a repair: what its
+	// spec says was made for it (a MIG instance) is adopted, not refused.
+	repair := p.isPending(uid)
+	devices, err := p.prepareLocked(ctx, claim, repair)
+	if err == nil && repair {
+		p.settle(uid)
+	}
+	return devices, err
 }
 
 func (p *Preparer) prepareLocked(ctx context.Context, claim *resourceapi.ResourceClaim, repair bool) ([]kubeletplugin.Device, error) {
@@ -210,7 +224,7 @@ func (p *Preparer) prepareLocked(ctx context.Context, claim *resourceapi.Resourc
 	if err != nil {
 		return nil, err
 	}
-	if err := p.reserve(pl); err != nil {
+	if err := p.reserve(ctx, pl); err != nil {
 		return nil, err
 	}
 	if err := p.apply(ctx, pl, repair); err != nil {
@@ -269,8 +283,24 @@ func (p *Preparer) put(c *checkpoint.Claim) error {
 }
 
 // reserve checks the plan against every other claim on the node and
-// records it (in memory) so that concurrent prepares see it.
-func (p *Preparer) reserve(pl *plan) error {
+// records it (in memory) so that concurrent prepares see it. When the plan
+// collides with the provisional reservation of a claim whose record was
+// lost, that claim is repaired first (read from the API server by name)
+// and the check repeated: a claim that is gone frees its devices, one
+// still in use keeps them and this prepare fails.
+func (p *Preparer) reserve(ctx context.Context, pl *plan) error {
+	blocking, err := p.reserveLocked(pl)
+	if blocking == "" {
+		return err
+	}
+	p.repairOne(ctx, blocking)
+	_, err = p.reserveLocked(pl)
+	return err
+}
+
+// reserveLocked is reserve's check; blocking is the provisional claim that
+// the plan collided with, if that was the reason it failed.
+func (p *Preparer) reserveLocked(pl *plan) (blocking string, _ error) {
 	_, devices := p.model()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -282,7 +312,7 @@ func (p *Preparer) reserve(pl *plan) error {
 	}
 	byDevice := map[string][]use{}
 	byGPU := map[string]map[string]*checkpoint.Claim{} // GPU UUID -> device type -> claim
-	for _, c := range p.claims {
+	for _, c := range p.holdersLocked() {
 		if c.UID == uid {
 			continue
 		}
@@ -295,6 +325,14 @@ func (p *Preparer) reserve(pl *plan) error {
 		}
 	}
 	ref := func(c *checkpoint.Claim) string { return fmt.Sprintf("%s/%s (%s)", c.Namespace, c.Name, c.UID) }
+	// fail names the claim in the way; one that lost its record is
+	// reported as such, for reserve to repair.
+	fail := func(c *checkpoint.Claim, err error) (string, error) {
+		if c != nil && p.provisional[c.UID] == c {
+			return c.UID, fmt.Errorf("%w; claim %s lost its checkpoint and its repair waits for the API server", err, ref(c))
+		}
+		return "", err
+	}
 	mine := map[string]uint64{}
 	for _, d := range pl.devices {
 		if d.result.AdminAccess != nil && *d.result.AdminAccess {
@@ -313,7 +351,7 @@ func (p *Preparer) reserve(pl *plan) error {
 			for _, u := range uses {
 				total += u.memory
 				if d.result.ShareID != nil && u.share == string(*d.result.ShareID) {
-					return fmt.Errorf("device %s share %s is already prepared for claim %s", dev, u.share, ref(u.claim))
+					return fail(u.claim, fmt.Errorf("device %s share %s is already prepared for claim %s", dev, u.share, ref(u.claim)))
 				}
 			}
 			if total > capacity {
@@ -325,33 +363,44 @@ func (p *Preparer) reserve(pl *plan) error {
 				if len(others) > 3 {
 					others = append(others[:3], fmt.Sprintf("and %d more", len(others)-3))
 				}
-				return fmt.Errorf("device %s would be oversubscribed: %d bytes prepared for claims %s plus %d bytes for this claim exceed its %d bytes; refusing to prepare",
-					dev, total-mine[dev]-d.alloc.Memory, strings.Join(others, ", "), d.alloc.Memory, capacity)
+				var lost *checkpoint.Claim
+				for _, u := range uses {
+					if p.provisional[u.claim.UID] == u.claim {
+						lost = u.claim
+					}
+				}
+				return fail(lost, fmt.Errorf("device %s would be oversubscribed: %d bytes prepared for claims %s plus %d bytes for this claim exceed its %d bytes; refusing to prepare",
+					dev, total-mine[dev]-d.alloc.Memory, strings.Join(others, ", "), d.alloc.Memory, capacity))
 			}
 			mine[dev] += d.alloc.Memory
 			if c := byGPU[d.gpu.UUID][devicemodel.TypeTimeSlice]; c != nil {
-				return fmt.Errorf("GPU %d is time-sliced for claim %s; a share of %s cannot be prepared next to it", d.gpu.Index, ref(c), dev)
+				return fail(c, fmt.Errorf("GPU %d is time-sliced for claim %s; a share of %s cannot be prepared next to it", d.gpu.Index, ref(c), dev))
 			}
 		case devicemodel.TypeTimeSlice:
 			if len(uses) > 0 {
-				return fmt.Errorf("device %s is already prepared for claim %s; refusing to prepare it for a second claim", dev, ref(uses[0].claim))
+				return fail(uses[0].claim, fmt.Errorf("device %s is already prepared for claim %s; refusing to prepare it for a second claim", dev, ref(uses[0].claim)))
 			}
 			if c := byGPU[d.gpu.UUID][devicemodel.TypeGPU]; c != nil {
-				return fmt.Errorf("GPU %d carries a share for claim %s; time slice %s cannot be prepared next to it", d.gpu.Index, ref(c), dev)
+				return fail(c, fmt.Errorf("GPU %d carries a share for claim %s; time slice %s cannot be prepared next to it", d.gpu.Index, ref(c), dev))
 			}
 		case devicemodel.TypeMIG:
 			if len(uses) > 0 {
-				return fmt.Errorf("device %s is already prepared for claim %s; refusing to prepare it for a second claim", dev, ref(uses[0].claim))
+				return fail(uses[0].claim, fmt.Errorf("device %s is already prepared for claim %s; refusing to prepare it for a second claim", dev, ref(uses[0].claim)))
 			}
 		}
 		if d.interval != "" {
 			if err := p.opts.TimeSlice.Check(d.gpu.UUID, p.holder(pl.record), d.interval); err != nil {
-				return err
+				for _, c := range p.provisional {
+					if c.UID != uid && byGPU[d.gpu.UUID][devicemodel.TypeTimeSlice] == c {
+						return fail(c, err)
+					}
+				}
+				return "", err
 			}
 		}
 	}
 	p.claims[uid] = clone(pl.record)
-	return nil
+	return "", nil
 }
 
 func (p *Preparer) holder(c *checkpoint.Claim) timeslice.Holder {
@@ -507,7 +556,7 @@ func (p *Preparer) findMIG(ctx context.Context, rec *checkpoint.Claim, i int, t 
 func (p *Preparer) migOwner(uid string, inst mig.Instance) *checkpoint.Claim {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, c := range p.claims {
+	for _, c := range p.holdersLocked() {
 		if c.UID == uid {
 			continue
 		}
@@ -592,6 +641,11 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 		})
 	}
 	annotations := map[string]string{cdispec.AnnotationClaim: rec.Namespace + "/" + rec.Name}
+	reservation, err := json.Marshal(rec.Devices)
+	if err != nil {
+		return nil, err
+	}
+	annotations[cdispec.AnnotationReservation] = string(reservation)
 	if len(created) > 0 {
 		data, _ := json.Marshal(created)
 		annotations[cdispec.AnnotationMIGInstances] = string(data)

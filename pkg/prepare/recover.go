@@ -12,6 +12,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
@@ -22,9 +23,9 @@ import (
 	"github.com/tessera-dev/tessera/pkg/mig"
 )
 
-// ClaimLister lists the cluster's ResourceClaims; only used to repair
-// lost records.
-type ClaimLister func(ctx context.Context) ([]resourceapi.ResourceClaim, error)
+// ClaimGetter reads one ResourceClaim from the API server; only used to
+// repair lost records. A claim that does not exist is a NotFound error.
+type ClaimGetter func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
 
 // Recover brings the records and the node in line after a (re)start,
 // before the plugin serves:
@@ -40,23 +41,32 @@ type ClaimLister func(ctx context.Context) ([]resourceapi.ResourceClaim, error)
 //     server: a claim still allocated to this node and reserved is prepared
 //     again (adopting its MIG instance); anything else is removed.
 //
+// A claim waiting for its repair keeps what its CDI spec says it holds (the
+// spec records the claim's name and its reservation): until the repair
+// settles it, no other claim is prepared on its devices, share, time slice
+// or MIG instance. Each repair reads its claim by the namespace and name
+// the spec records, never the whole cluster; a claim whose spec is gone too
+// (nothing records its name) waits for the kubelet, which prepares it again
+// or unprepares it by name.
+//
 // Only an unusable checkpoint directory is an error. When the API server
-// cannot be reached, repairs are left pending for RunRepairs. During a
-// seamless upgrade it holds the lock shared with the other plugin process,
-// so it never mistakes that process's work for leftovers.
-func (p *Preparer) Recover(ctx context.Context, list ClaimLister) error {
+// cannot be reached, repairs are left pending for RunRepairs, and for a
+// prepare that collides with them. During a seamless upgrade it holds the
+// lock shared with the other plugin process, so it never mistakes that
+// process's work for leftovers.
+func (p *Preparer) Recover(ctx context.Context) error {
 	release, err := p.Exclusive()
 	if err != nil {
 		return err
 	}
 	defer release()
-	if err := p.recoverLocked(ctx, list); err != nil {
+	if err := p.recoverLocked(ctx); err != nil {
 		return err
 	}
 	return p.PublishShared()
 }
 
-func (p *Preparer) recoverLocked(ctx context.Context, list ClaimLister) error {
+func (p *Preparer) recoverLocked(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	token, err := p.readGeneration()
 	if err != nil {
@@ -119,11 +129,20 @@ func (p *Preparer) recoverLocked(ctx context.Context, list ClaimLister) error {
 			pending[uid] = what
 		}
 	}
+	provisional := map[string]*checkpoint.Claim{}
+	for uid := range pending {
+		if c := p.reservationFromSpec(ctx, uid); c != nil {
+			provisional[uid] = c
+			p.restoreTimeSlices(c)
+			logger.Info("Holding the devices of a claim that lost its checkpoint until it is repaired", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "devices", len(c.Devices))
+		}
+	}
 	p.mu.Lock()
 	p.pending = pending
+	p.provisional = provisional
 	p.mu.Unlock()
 	if len(pending) > 0 {
-		p.repairPending(ctx, list)
+		p.repairPending(ctx)
 	}
 	if p.handleUnownedMIG(ctx) && p.opts.MIGChanged != nil {
 		p.opts.MIGChanged()
@@ -131,15 +150,74 @@ func (p *Preparer) recoverLocked(ctx context.Context, list ClaimLister) error {
 	return nil
 }
 
-// restore takes a completed record of this boot back into service.
-func (p *Preparer) restore(ctx context.Context, c *checkpoint.Claim) {
-	logger := klog.FromContext(ctx)
-	p.update(c)
+// restoreTimeSlices makes a claim a holder of the intervals its devices
+// require again, without setting anything (the GPU kept its interval).
+func (p *Preparer) restoreTimeSlices(c *checkpoint.Claim) {
 	for _, d := range c.Devices {
 		if d.TimeSliceInterval != "" {
 			p.opts.TimeSlice.Restore(d.GPUUUID, p.holder(c), v1alpha1.TimeSliceInterval(d.TimeSliceInterval))
 		}
 	}
+}
+
+// reservationFromSpec rebuilds what a claim without a record holds from
+// its CDI spec on disk: the claim's name and its reservation, which
+// buildSpec records in the spec's annotations. It returns nil when there
+// is no spec or the spec does not name its claim.
+func (p *Preparer) reservationFromSpec(ctx context.Context, uid string) *checkpoint.Claim {
+	name := cdispec.SpecName(uid)
+	spec, err := p.opts.CDI.Read(name)
+	if err != nil {
+		return nil
+	}
+	ns, claimName, ok := strings.Cut(spec.Annotations[cdispec.AnnotationClaim], "/")
+	if !ok || ns == "" || claimName == "" {
+		return nil
+	}
+	c := &checkpoint.Claim{UID: uid, Namespace: ns, Name: claimName, SpecName: name}
+	if raw := spec.Annotations[cdispec.AnnotationReservation]; raw != "" {
+		if err := json.Unmarshal([]byte(raw), &c.Devices); err == nil {
+			return c
+		}
+		klog.FromContext(ctx).Error(err, "CDI spec records its reservation unreadably; holding its devices whole", "spec", name)
+	}
+	// A spec without a readable reservation (written before it was
+	// recorded): hold each of its devices whole, which is never less than
+	// the claim held.
+	inv, devices := p.model()
+	for _, d := range spec.Devices {
+		// Device names are <uid>-<device>[-<share ID>] (cdispec.DeviceName);
+		// the longest published name that fits is the device.
+		var device, share string
+		for published := range devices {
+			rest, ok := strings.CutPrefix(d.Name, uid+"-"+published)
+			if ok && (rest == "" || strings.HasPrefix(rest, "-")) && len(published) > len(device) {
+				device, share = published, strings.TrimPrefix(rest, "-")
+			}
+		}
+		name, err := devicemodel.ParseName(device)
+		if err != nil || inv == nil {
+			continue
+		}
+		rd := checkpoint.Device{Device: device, ShareID: share, Type: name.Type}
+		for _, gpu := range inv.GPUs {
+			if gpu.Index == name.Index {
+				rd.GPUUUID = gpu.UUID
+			}
+		}
+		if q, ok := devices[device].Capacity[devicemodel.CapMemory]; ok {
+			rd.Memory = uint64(q.Value.Value())
+		}
+		c.Devices = append(c.Devices, rd)
+	}
+	return c
+}
+
+// restore takes a completed record of this boot back into service.
+func (p *Preparer) restore(ctx context.Context, c *checkpoint.Claim) {
+	logger := klog.FromContext(ctx)
+	p.update(c)
+	p.restoreTimeSlices(c)
 	if c.Spec != nil && !p.opts.CDI.Exists(c.SpecName) {
 		if err := p.opts.CDI.Write(c.SpecName, c.Spec); err != nil {
 			logger.Error(err, "Could not restore the CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
@@ -221,7 +299,7 @@ func (p *Preparer) Pending() []string {
 
 // RunRepairs retries pending repairs every interval until none are left
 // or ctx ends.
-func (p *Preparer) RunRepairs(ctx context.Context, list ClaimLister, interval time.Duration) {
+func (p *Preparer) RunRepairs(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for len(p.Pending()) > 0 {
@@ -230,14 +308,14 @@ func (p *Preparer) RunRepairs(ctx context.Context, list ClaimLister, interval ti
 			return
 		case <-t.C:
 		}
-		p.repair(ctx, list)
+		p.repair(ctx)
 	}
 }
 
 // repair is one pass of RunRepairs: outside kubelet calls, so it takes
 // the lock shared with another plugin process and that process's changes
 // into account (see shared.go).
-func (p *Preparer) repair(ctx context.Context, list ClaimLister) {
+func (p *Preparer) repair(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	release, err := p.Exclusive()
 	if err != nil {
@@ -249,46 +327,89 @@ func (p *Preparer) repair(ctx context.Context, list ClaimLister) {
 		logger.Error(err, "Cannot reload prepared claims; retrying the repairs later")
 		return
 	}
-	p.repairPending(ctx, list)
+	p.repairPending(ctx)
 	if err := p.PublishShared(); err != nil {
 		logger.Error(err, "Cannot record the repairs for the other plugin process")
 	}
 }
 
-func (p *Preparer) repairPending(ctx context.Context, list ClaimLister) {
-	logger := klog.FromContext(ctx)
-	claims, err := list(ctx)
-	if err != nil {
-		logger.Error(err, "Cannot list ResourceClaims to repair lost checkpoints; retrying later", "pending", p.Pending())
-		return
-	}
-	byUID := map[string]*resourceapi.ResourceClaim{}
-	for i := range claims {
-		byUID[string(claims[i].UID)] = &claims[i]
-	}
+func (p *Preparer) repairPending(ctx context.Context) {
 	for _, uid := range p.Pending() {
-		p.repairOne(ctx, uid, byUID[uid])
+		p.repairOne(ctx, uid)
 	}
 }
 
-func (p *Preparer) repairOne(ctx context.Context, uid string, claim *resourceapi.ResourceClaim) {
+func (p *Preparer) isPending(uid string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.pending[uid]
+	return ok
+}
+
+// settle ends a claim's wait for its repair and drops its provisional
+// reservation (the caller recorded, or removed, what it holds).
+func (p *Preparer) settle(uid string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.pending, uid)
+	delete(p.provisional, uid)
+}
+
+// holdersLocked returns every claim that holds devices on the node: the
+// records and the provisional reservations of claims waiting for repair.
+// The caller holds p.mu.
+func (p *Preparer) holdersLocked() []*checkpoint.Claim {
+	out := make([]*checkpoint.Claim, 0, len(p.claims)+len(p.provisional))
+	for _, c := range p.claims {
+		out = append(out, c)
+	}
+	for uid, c := range p.provisional {
+		if p.claims[uid] == nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// repairOne settles a claim that lost its record, reading it from the API
+// server by the name its spec recorded: prepared again when it is still
+// allocated here and reserved, its leftovers removed when it is not. It
+// stays pending when the API server does not answer or no name is known.
+func (p *Preparer) repairOne(ctx context.Context, uid string) {
 	logger := klog.FromContext(ctx)
 	unlock := p.locks.lock(uid)
 	defer unlock()
 	p.mu.Lock()
 	why, ok := p.pending[uid]
+	held := p.provisional[uid]
 	p.mu.Unlock()
 	if !ok {
 		return
 	}
-	done := func() {
-		p.mu.Lock()
-		delete(p.pending, uid)
-		p.mu.Unlock()
-	}
+	done := func() { p.settle(uid) }
 	if p.record(uid) != nil {
 		// Prepared again by the kubelet meanwhile.
 		done()
+		return
+	}
+	var claim *resourceapi.ResourceClaim
+	if held != nil {
+		if p.opts.GetClaim == nil {
+			return
+		}
+		got, err := p.opts.GetClaim(ctx, held.Namespace, held.Name)
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			logger.Error(err, "Cannot read a claim to repair its lost checkpoint; retrying later", "claim", klog.KRef(held.Namespace, held.Name), "uid", uid)
+			return
+		case string(got.UID) == uid:
+			claim = got
+		}
+	} else if !p.hasSpec(uid) {
+		// Nothing records the claim's name: the kubelet settles it, by
+		// preparing it again or unpreparing it by name.
+		logger.V(2).Info("Claim without record or spec waits for the kubelet", "uid", uid, "reason", why)
 		return
 	}
 	if claim != nil && p.inUseHere(claim) {
@@ -348,9 +469,27 @@ func (p *Preparer) removeLeftovers(ctx context.Context, uid string) error {
 		return err
 	}
 	p.mu.Lock()
-	delete(p.pending, uid)
+	held := p.provisional[uid]
 	p.mu.Unlock()
+	if held != nil {
+		released := map[string]bool{}
+		for _, d := range held.Devices {
+			if d.TimeSliceInterval == "" || released[d.GPUUUID] {
+				continue
+			}
+			released[d.GPUUUID] = true
+			if err := p.opts.TimeSlice.Release(ctx, d.GPUUUID, uid); err != nil {
+				return err
+			}
+		}
+	}
+	p.settle(uid)
 	return nil
+}
+
+// hasSpec says whether a claim's spec is on disk.
+func (p *Preparer) hasSpec(uid string) bool {
+	return p.opts.CDI.Exists(cdispec.SpecName(uid))
 }
 
 func (p *Preparer) removeFiles(uid, specName, accountingDir string) error {

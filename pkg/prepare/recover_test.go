@@ -2,10 +2,10 @@ package prepare
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,7 +129,7 @@ func TestRecoverRestoresAndRepairs(t *testing.T) {
 	if err := os.WriteFile(cpPath, []byte("{garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e.lastList = []resourceapi.ResourceClaim{*mc}
+	e.apiClaims = []resourceapi.ResourceClaim{*mc}
 	e.start()
 	if got := e.p.Prepared(); !slices.Equal(got, []string{string(mc.UID)}) {
 		t.Fatalf("not repaired: %v", got)
@@ -154,7 +154,7 @@ func TestRecoverRestoresAndRepairs(t *testing.T) {
 	if err := os.WriteFile(cpPath, []byte("{garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e.lastList = nil
+	e.apiClaims = nil
 	e.start()
 	if got := e.p.Prepared(); len(got) != 0 {
 		t.Errorf("claim kept: %v", got)
@@ -186,15 +186,10 @@ func TestRepairWaitsForAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Start with an API server that does not answer.
-	down := true
-	list := func(context.Context) ([]resourceapi.ResourceClaim, error) {
-		if down {
-			return nil, errors.New("connection refused")
-		}
-		return []resourceapi.ResourceClaim{*c}, nil
-	}
+	e.apiDown = true
+	e.apiClaims = []resourceapi.ResourceClaim{*c}
 	p := New(e.opts)
-	if err := p.Recover(e.ctx, list); err != nil {
+	if err := p.Recover(e.ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := p.Pending(); !slices.Equal(got, []string{string(c.UID)}) {
@@ -203,11 +198,116 @@ func TestRepairWaitsForAPIServer(t *testing.T) {
 	if len(e.files("cdi")) != 1 {
 		t.Error("spec of an unresolved claim removed")
 	}
-	down = false
+	e.apiDown = false
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 	defer cancel()
-	p.RunRepairs(ctx, list, 10*time.Millisecond)
+	p.RunRepairs(ctx, 10*time.Millisecond)
 	if len(p.Pending()) != 0 || !slices.Equal(p.Prepared(), []string{string(c.UID)}) {
 		t.Fatalf("pending %v, prepared %v", p.Pending(), p.Prepared())
+	}
+	// The repair read the one claim its spec names; it never lists.
+	for _, g := range e.gets {
+		if g != c.Namespace+"/"+c.Name {
+			t.Errorf("repair read claim %s, want only %s/%s", g, c.Namespace, c.Name)
+		}
+	}
+}
+
+// A claim whose checkpoint is corrupt keeps what its spec says it holds
+// while the API server cannot confirm it: no second claim is prepared on
+// its share, time slice, interval or MIG device. Once the API server
+// answers, a collision repairs it first: a claim still in use keeps its
+// devices, one that is gone frees them.
+func TestLostCheckpointHoldsDevices(t *testing.T) {
+	interval := func(c *resourceapi.ResourceClaim, v string) *resourceapi.ResourceClaim {
+		return withConfig(c, resourceapi.AllocationConfigSourceClaim, nil, `"timeSliceInterval":"`+v+`"`)
+	}
+	for _, tc := range []struct {
+		name     string
+		opts     []envOption
+		holder   *resourceapi.ResourceClaim
+		intruder *resourceapi.ResourceClaim
+		want     string
+	}{
+		{name: "share capacity", holder: claim("a", share("gpu", "gpu-0", "s-1", 10*gib, 0)), intruder: claim("b", share("gpu", "gpu-0", "s-2", 10*gib, 0)), want: "oversubscribed"},
+		{name: "same share", holder: claim("a", share("gpu", "gpu-0", "s-1", gib, 0)), intruder: claim("b", share("gpu", "gpu-0", "s-1", gib, 0)), want: "share s-1 is already prepared"},
+		{name: "time slice", opts: []envOption{withTimeSlices(2)}, holder: claim("a", device("ts", "gpu-1-ts-0")), intruder: claim("b", device("ts", "gpu-1-ts-0")), want: "already prepared"},
+		{name: "share next to time slice", opts: []envOption{withTimeSlices(2)}, holder: claim("a", device("ts", "gpu-1-ts-0")), intruder: claim("b", share("gpu", "gpu-1", "s-1", gib, 0)), want: "time-sliced"},
+		{name: "interval", opts: []envOption{withTimeSlices(2)}, holder: interval(claim("a", device("ts", "gpu-1-ts-0")), "Long"), intruder: interval(claim("b", device("ts", "gpu-1-ts-1")), "Short"), want: "interval"},
+		{name: "MIG device", opts: []envOption{withMIG()}, holder: claim("a", device("mig", "gpu-0-mig-3g20gb-4")), intruder: claim("b", device("mig", "gpu-0-mig-3g20gb-4")), want: "already prepared"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.opts...)
+			e.prepare(tc.holder)
+			cp := filepath.Join(e.dir, "checkpoint", string(tc.holder.UID)+".json")
+			if err := os.WriteFile(cp, []byte("{garbage"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			// Restart while the API server is down: the holder cannot be
+			// repaired, the intruder must not get its devices.
+			e.apiDown = true
+			e.apiClaims = []resourceapi.ResourceClaim{*tc.holder}
+			e.start()
+			_, err := e.p.Prepare(e.ctx, tc.intruder)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "lost its checkpoint") {
+				t.Fatalf("intruder prepared while the holder's checkpoint was lost: %v (want an error containing %q)", err, tc.want)
+			}
+			// The API server is back and the holder still in use: the
+			// collision repairs it, and the intruder is still refused.
+			e.apiDown = false
+			if _, err := e.p.Prepare(e.ctx, tc.intruder); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("intruder prepared next to a repaired holder: %v", err)
+			}
+			if got := e.p.Prepared(); !slices.Equal(got, []string{string(tc.holder.UID)}) || len(e.p.Pending()) != 0 {
+				t.Fatalf("after the repair: prepared %v, pending %v; want the holder prepared, none pending", got, e.p.Pending())
+			}
+			// The holder is gone from the cluster (its checkpoint lost
+			// again): the intruder's prepare removes its leftovers and
+			// gets the devices.
+			if err := os.WriteFile(cp, []byte("{garbage"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			e.apiDown = true
+			e.start()
+			e.apiDown, e.apiClaims = false, nil
+			e.prepare(tc.intruder)
+			if got := e.p.Prepared(); !slices.Equal(got, []string{string(tc.intruder.UID)}) {
+				t.Fatalf("prepared %v, want only the intruder", got)
+			}
+			e.unprepare(tc.intruder)
+			matches, _ := filepath.Glob(filepath.Join(e.dir, "checkpoint", "*.corrupt-*"))
+			for _, m := range matches {
+				_ = os.Remove(m)
+			}
+			e.assertClean()
+		})
+	}
+}
+
+// A spec written before specs recorded their reservation still holds its
+// devices, whole, until its claim is repaired.
+func TestLostCheckpointOldSpecHoldsDevicesWhole(t *testing.T) {
+	e := newEnv(t)
+	a := claim("a", share("gpu", "gpu-0", "s-1", gib, 0))
+	e.prepare(a)
+	name := cdispec.SpecName(string(a.UID))
+	spec, err := e.opts.CDI.Read(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(spec.Annotations, cdispec.AnnotationReservation)
+	if err := e.opts.CDI.Write(name, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(e.dir, "checkpoint", string(a.UID)+".json")); err != nil {
+		t.Fatal(err)
+	}
+	e.apiDown = true
+	e.start()
+	if _, err := e.p.Prepare(e.ctx, claim("b", share("gpu", "gpu-0", "s-2", gib, 0))); err == nil || !strings.Contains(err.Error(), "oversubscribed") {
+		t.Fatalf("a 1 GiB share next to a share of unknown size: %v, want it refused", err)
+	}
+	if _, err := e.p.Prepare(e.ctx, claim("c", share("gpu", "gpu-1", "s-3", gib, 0))); err != nil {
+		t.Fatalf("another GPU is not held: %v", err)
 	}
 }

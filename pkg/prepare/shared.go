@@ -14,7 +14,6 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	"k8s.io/klog/v2"
 
-	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/atomicfile"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 )
@@ -92,12 +91,11 @@ func (p *Preparer) SyncShared(ctx context.Context) error {
 	p.mu.Unlock()
 	// The time-slice holders are derived from the records.
 	p.opts.TimeSlice.Reset()
-	for _, c := range claims {
-		for _, d := range c.Devices {
-			if d.TimeSliceInterval != "" {
-				p.opts.TimeSlice.Restore(d.GPUUUID, p.holder(c), v1alpha1.TimeSliceInterval(d.TimeSliceInterval))
-			}
-		}
+	p.mu.Lock()
+	holders := p.holdersLocked()
+	p.mu.Unlock()
+	for _, c := range holders {
+		p.restoreTimeSlices(c)
 	}
 	klog.FromContext(ctx).V(2).Info("Reloaded prepared claims changed by the other plugin process", "claims", len(claims))
 	return nil

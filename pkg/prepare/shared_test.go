@@ -24,7 +24,7 @@ func TestSeamlessUpgradeSharesState(t *testing.T) {
 	opts := old.opts
 	opts.TimeSlice = timeslice.NewManager(&timeslice.FileRecorder{Path: old.dir + "/mock-timeslice.json"})
 	fresh := New(opts)
-	if err := fresh.Recover(old.ctx, old.list); err != nil {
+	if err := fresh.Recover(old.ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := fresh.Prepared(); len(got) != 1 {

@@ -380,6 +380,7 @@ func TestInstallIntoAPIServer(t *testing.T) {
 		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Subresource: "status", Verb: "patch", Namespace: "team-a"}, true},
 		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Subresource: "binding", Verb: "patch", Namespace: "team-a"}, false},
 		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Verb: "get", Namespace: "team-a"}, true},
+		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Verb: "list"}, false},
 		{pluginName, authorizationv1.ResourceAttributes{Resource: "nodes", Verb: "get", Name: "node-a"}, true},
 		{pluginName, authorizationv1.ResourceAttributes{Resource: "pods", Verb: "list"}, false},
 		{pluginName, authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "get", Namespace: DefaultNamespace}, false},
