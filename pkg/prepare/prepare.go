@@ -442,8 +442,7 @@ func (p *Preparer) apply(ctx context.Context, pl *plan, repair bool) error {
 			// placement) before the instance exists, so a crash after
 			// the creation finds the instance at the placement and
 			// removes it.
-			intent := *d.mig
-			rec.Devices[i].MIG = &intent
+			rec.Devices[i].MIG = migRecord(*d.mig)
 			create = append(create, i)
 			continue
 		}
@@ -493,8 +492,17 @@ func (p *Preparer) useMIG(pl *plan, i int, inst *mig.Instance) {
 	d.mig = inst
 	d.alloc.UUID = inst.UUID
 	pl.record.Devices[i].UUID = inst.UUID
-	pl.record.Devices[i].MIG = inst
+	pl.record.Devices[i].MIG = migRecord(*inst)
 }
+
+// migRecord and migInstance convert between the MIG manager's instance
+// and the checkpoint's record of it.
+func migRecord(i mig.Instance) *checkpoint.MIGInstance {
+	r := checkpoint.MIGInstance(i)
+	return &r
+}
+
+func migInstance(r checkpoint.MIGInstance) mig.Instance { return mig.Instance(r) }
 
 // lockMIGGPUs takes the MIG lock of every GPU the plan creates or uses
 // MIG devices on, in a fixed order.
@@ -699,7 +707,7 @@ func (p *Preparer) undo(ctx context.Context, rec *checkpoint.Claim, clearStatus 
 		if d.MIG == nil || !d.MIG.Created {
 			continue
 		}
-		if err := p.destroyMIG(ctx, rec.UID, *d.MIG); err != nil {
+		if err := p.destroyMIG(ctx, rec.UID, migInstance(*d.MIG)); err != nil {
 			return err
 		}
 		p.crash(CrashUnprepareMIG)
