@@ -59,5 +59,8 @@ func run(ctx context.Context, opts controller.Options) error {
 	}
 	cfg.QPS, cfg.Burst = opts.KubeAPIQPS, opts.KubeAPIBurst
 	cfg.UserAgent = "tessera-controller"
+	if opts.CheckInstall {
+		return controller.CheckInstall(ctx, cfg, opts, os.Stdout)
+	}
 	return controller.Run(ctx, cfg, opts)
 }

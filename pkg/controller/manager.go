@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -43,6 +44,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/installcheck"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
@@ -297,4 +299,21 @@ func schedulerFeatures(ctx context.Context, cfg *rest.Config, o Options) (struct
 		klog.FromContext(ctx).Info("Warning: the scheduler lacks DRAConsumableCapacity or DRAPartitionableDevices: memory shares, time slices and MIG partitions cannot be allocated (see docs/compatibility.md)", "kubernetesVersion", v)
 	}
 	return f, nil
+}
+
+// CheckInstall runs the installation checks of package installcheck
+// against the API server and reports on out (the chart's helm test).
+func CheckInstall(ctx context.Context, cfg *rest.Config, opts Options, out io.Writer) error {
+	scheme, err := NewScheme()
+	if err != nil {
+		return err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	return installcheck.Run(ctx, c, installcheck.Options{
+		Driver: devicemodel.DriverName, DeviceClasses: opts.CheckInstallDeviceClasses,
+		Namespace: opts.Namespace, Queue: opts.CheckInstallQueue, Image: "registry.k8s.io/pause:3.10",
+	}, out)
 }

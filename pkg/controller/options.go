@@ -84,6 +84,11 @@ type Options struct {
 	// Registry receives the controller's metrics; nil means
 	// controller-runtime's registry (served at --metrics-bind-address).
 	Registry prometheus.Registerer
+	// CheckInstall runs the installation checks (the chart's helm test)
+	// instead of the controller: see CheckInstall.
+	CheckInstall              bool
+	CheckInstallQueue         string
+	CheckInstallDeviceClasses []string
 }
 
 // DefaultNamespace is where the controller keeps its Secret and lease:
@@ -129,6 +134,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.KubernetesVersion, "kubernetes-version", "", "Kubernetes version whose kube-scheduler defaults the admission simulation uses (e.g. v1.35.2); empty asks the API server.")
 	fs.StringVar(&o.SchedulerFeatureGates, "scheduler-feature-gates", "", "DRA feature gates your kube-scheduler sets differently from its version's defaults, in its --feature-gates syntax, e.g. DRAConsumableCapacity=true,DRAPartitionableDevices=true on 1.35.")
 	fs.IntVar(&o.ApplyWorkers, "apply-workers", 16, "Parallel API calls when applying a cycle's decisions (ungating a gang's members, pod conditions).")
+	fs.BoolVar(&o.CheckInstall, "check-install", false, "Check the installation and exit (the Helm chart's `helm test`): DeviceClasses, ResourceSlices, the Queue API and, with --check-install-queue, that the pod webhook gates a queued pod (a dry run in --namespace).")
+	fs.StringVar(&o.CheckInstallQueue, "check-install-queue", "", "Queue the --check-install dry-run pod names; empty skips the webhook check.")
+	fs.StringSliceVar(&o.CheckInstallDeviceClasses, "check-install-device-classes", []string{"gpu.tessera.dev", "mig.tessera.dev", "timeslice.tessera.dev"}, "DeviceClasses --check-install expects.")
 }
 
 // Complete resolves defaults that depend on other flags; changed says

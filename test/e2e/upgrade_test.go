@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/hack/demo/scenario"
+	"github.com/tessera-dev/tessera/test/helm"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 
@@ -114,4 +116,36 @@ func TestHelmUpgrade(t *testing.T) {
 		checkPresent(t, f)
 	}
 	cleanupAndCheck(t, r, newFiles)
+}
+
+// TestHelmTestHook: `helm test` runs the chart's installation check in a
+// pod (the controller binary with --check-install) and it passes on a
+// healthy installation: DeviceClasses, the plugin's ResourceSlices, the
+// Queue API and the pod webhook gating a queued pod (dry run). Chart mode
+// only.
+func TestHelmTestHook(t *testing.T) {
+	if !cluster.ChartMode() {
+		t.Skip("TESSERA_INSTALL=host: there is no release to test")
+	}
+	usePlugin(t, defaultPlugin)
+	ctx := t.Context()
+	if err := cluster.StartController(ctx); err != nil {
+		t.Fatalf("starting the controller: %v", err)
+	}
+	out, err := cluster.Helm(ctx, "test", helm.ReleaseName, "--namespace", helm.DefaultNamespace, "--logs", "--timeout", "3m")
+	if err != nil {
+		t.Fatalf("helm test failed: %v", err)
+	}
+	t.Logf("helm test:\n%s", out)
+	for _, want := range []string{"Phase:          Succeeded", "ok   device classes", "ok   resource slices", "ok   queue API", "ok   pod webhook: a pod in queue default gets the tessera.dev/admission gate"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("helm test output lacks %q", want)
+		}
+	}
+	// Nothing of the test is left: hook-succeeded deletes its objects, the
+	// dry run created no pod.
+	pods, err := cluster.Client.CoreV1().Pods(helm.DefaultNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=test"})
+	if err != nil || len(pods.Items) != 0 {
+		t.Errorf("test pods left: %v (%v)", len(pods.Items), err)
+	}
 }
