@@ -10,6 +10,7 @@ import (
 	"sort"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -155,6 +156,8 @@ func decodeAll(t *testing.T, path string) []any {
 			obj = &resourceapi.ResourceClaimTemplate{}
 		case "Pod":
 			obj = &corev1.Pod{}
+		case "Job":
+			obj = &batchv1.Job{}
 		case "":
 			continue
 		default:

@@ -109,3 +109,72 @@ func hasEvent(ctx context.Context, ns, pod, reason string) bool {
 	}
 	return false
 }
+
+// TestDemoGangJob applies demo/gang-job on the local cluster: two indexed
+// Jobs of 4 workers, each Job one gang through its pod template's labels.
+// The Job controller creates the pods; the 4 x 8Gi gang stays gated whole
+// (2 of 4 fit), the 4 x 6Gi gang starts whole, its admission decision
+// recorded on every worker.
+func TestDemoGangJob(t *testing.T) {
+	s, ok := scenario.Find("gang-job")
+	if !ok {
+		t.Fatal("no scenario gang-job")
+	}
+	usePlugin(t, s.Plugin)
+	if err := cluster.StartController(t.Context()); err != nil {
+		t.Fatalf("starting the controller: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if out, err := cluster.Kubectl(ctx, "delete", "queue", "batch", "--ignore-not-found", "--wait"); err != nil {
+			t.Logf("deleting the demo's queue: %v: %s", err, out)
+		}
+	})
+	ns := newNamespace(t)
+	r := scenario.NewRun(scenarioEnv(t), s, ns)
+	if err := r.Apply(t.Context()); err != nil {
+		t.Fatalf("applying demo/gang-job: %v", err)
+	}
+	train, err := r.JobPods(t.Context(), "train")
+	if err != nil || len(train) != 4 {
+		t.Fatalf("job train has %d pods (%v), want 4", len(train), err)
+	}
+	decisions := map[string]bool{}
+	var files []string
+	pls := placements(t, r)
+	for _, p := range train {
+		if p.Status.Phase != corev1.PodRunning {
+			t.Errorf("worker %s of train is %s, want Running", p.Name, p.Status.Phase)
+		}
+		d := p.Annotations["tessera.dev/admission-decision"]
+		if !strings.HasSuffix(d, "/4") {
+			t.Errorf("worker %s carries admission decision %q, want <id>/4", p.Name, d)
+		}
+		decisions[d] = true
+		for _, c := range pls[p.Name].Claims {
+			files = append(files, hostFilesOfClaim(t, c.UID)...)
+		}
+	}
+	if len(decisions) != 1 {
+		t.Errorf("train's workers were admitted by %d decisions %v, want one", len(decisions), decisions)
+	}
+	want := "gang sweep: 2 of 4 members' claims fit"
+	waitFor(t, time.Minute, "every sweep worker gated with "+want, func(ctx context.Context) (bool, error) {
+		sweep, err := r.JobPods(ctx, "sweep")
+		if err != nil {
+			return false, err
+		}
+		if len(sweep) != 4 {
+			return false, fmt.Errorf("job sweep has %d pods", len(sweep))
+		}
+		for i := range sweep {
+			p := &sweep[i]
+			if !gated(p) || p.Spec.NodeName != "" || !strings.Contains(admissionMessage(p), want) {
+				return false, fmt.Errorf("sweep worker %s: gates %v, node %q, condition %q", p.Name, p.Spec.SchedulingGates, p.Spec.NodeName, admissionMessage(p))
+			}
+		}
+		return true, nil
+	})
+	cleanupAndCheck(t, r, files)
+}

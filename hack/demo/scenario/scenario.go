@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -116,6 +117,18 @@ var Scenarios = []Scenario{
 		Controller: true,
 		Optional:   true,
 	},
+	{
+		Name:  "gang-job",
+		Title: "an indexed Job of 4 workers as one gang",
+		Story: []string{
+			"Two indexed Jobs of 4 workers each, every Job one gang (tessera.dev/gang in its pod template).",
+			"4 x 8Gi: one 8Gi share fits per T4, so 2 of 4 workers fit and none starts. 4 x 6Gi: two fit per T4,",
+			"and the four workers start together. Without the gang, the first Job would start two workers that",
+			"wait forever for the other two.",
+		},
+		Plugin:     localcluster.PluginConfig{Profile: "t4:2"},
+		Controller: true,
+	},
 }
 
 // Find returns the scenario of that name.
@@ -193,6 +206,8 @@ type Manifest struct {
 	Kind        string
 	Name        string
 	Annotations map[string]string
+	// Parallelism is a Job's spec.parallelism (the pods it starts).
+	Parallelism int
 }
 
 // ReadManifests lists the objects of a multi-document YAML file.
@@ -209,6 +224,9 @@ func ReadManifests(path string) ([]Manifest, error) {
 				Name        string            `json:"name"`
 				Annotations map[string]string `json:"annotations"`
 			} `json:"metadata"`
+			Spec struct {
+				Parallelism *int `json:"parallelism"`
+			} `json:"spec"`
 		}
 		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
@@ -216,7 +234,14 @@ func ReadManifests(path string) ([]Manifest, error) {
 		if m.Kind == "" {
 			continue
 		}
-		out = append(out, Manifest{Kind: m.Kind, Name: m.Metadata.Name, Annotations: m.Metadata.Annotations})
+		mf := Manifest{Kind: m.Kind, Name: m.Metadata.Name, Annotations: m.Metadata.Annotations}
+		if m.Kind == "Job" {
+			mf.Parallelism = 1
+			if m.Spec.Parallelism != nil {
+				mf.Parallelism = *m.Spec.Parallelism
+			}
+		}
+		out = append(out, mf)
 	}
 	return out, nil
 }
@@ -274,11 +299,43 @@ func (r *Run) ApplyFile(ctx context.Context, path string) error {
 	}
 	var named []string
 	for _, m := range manifests {
-		if m.Kind == "Pod" {
+		switch m.Kind {
+		case "Pod":
 			named = append(named, m.Name)
+		case "Job":
+			// The Job controller names its pods; wait for them to exist,
+			// then hold them to their template's expectation.
+			if err := r.waitJobPods(ctx, m.Name, m.Parallelism); err != nil {
+				return err
+			}
 		}
 	}
 	return r.WaitPods(ctx, named)
+}
+
+// JobPods returns the pods of a Job, by the label the Job controller sets.
+func (r *Run) JobPods(ctx context.Context, job string) ([]corev1.Pod, error) {
+	pods, err := r.Client.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + job})
+	if err != nil {
+		return nil, err
+	}
+	return pods.Items, nil
+}
+
+func (r *Run) waitJobPods(ctx context.Context, job string, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		pods, err := r.JobPods(ctx, job)
+		if err == nil && len(pods) >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("job %s: %d of %d pods created after a minute (%v)\n%s", job, len(pods), n, err, r.Events(context.Background(), ""))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // Expectation of a pod: Run.Expect, else its annotation: Running (default),

@@ -6,11 +6,15 @@ import (
 	"strings"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 
@@ -31,6 +35,14 @@ func repoRoot(t *testing.T) string {
 // consume a claim.
 func TestScenarioYAML(t *testing.T) {
 	root := repoRoot(t)
+	sch := runtime.NewScheme()
+	if err := scheme.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	decoder := serializer.NewCodecFactory(sch).UniversalDeserializer()
 	for _, s := range Scenarios {
 		files, err := s.Files(root)
 		if err != nil {
@@ -58,13 +70,19 @@ func TestScenarioYAML(t *testing.T) {
 				if strings.TrimSpace(stripComments(doc)) == "" {
 					continue
 				}
-				obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+				obj, _, err := decoder.Decode([]byte(doc), nil, nil)
 				if err != nil {
 					t.Errorf("%s: %v", f, err)
 					continue
 				}
-				p, ok := obj.(*corev1.Pod)
-				if !ok {
+				var p *corev1.Pod
+				switch o := obj.(type) {
+				case *corev1.Pod:
+					p = o
+				case *batchv1.Job:
+					p = &corev1.Pod{ObjectMeta: o.Spec.Template.ObjectMeta, Spec: o.Spec.Template.Spec}
+					p.Name = "job " + o.Name
+				default:
 					continue
 				}
 				pods++
