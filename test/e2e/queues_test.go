@@ -113,8 +113,8 @@ func hasEvent(ctx context.Context, ns, pod, reason string) bool {
 // TestDemoGangJob applies demo/gang-job on the local cluster: two indexed
 // Jobs of 4 workers, each Job one gang through its pod template's labels.
 // The Job controller creates the pods; the 4 x 8Gi gang stays gated whole
-// (2 of 4 fit), the 4 x 6Gi gang starts whole, its admission decision
-// recorded on every worker.
+// (2 of 4 fit, then none next to the other Job), the 4 x 6Gi gang starts
+// whole, its admission decision recorded on every worker.
 func TestDemoGangJob(t *testing.T) {
 	s, ok := scenario.Find("gang-job")
 	if !ok {
@@ -133,15 +133,44 @@ func TestDemoGangJob(t *testing.T) {
 	})
 	ns := newNamespace(t)
 	r := scenario.NewRun(scenarioEnv(t), s, ns)
-	if err := r.Apply(t.Context()); err != nil {
-		t.Fatalf("applying demo/gang-job: %v", err)
+	files, err := s.Files(r.RepoRoot)
+	if err != nil || len(files) != 3 {
+		t.Fatalf("demo/gang-job files %v (%v), want 3 steps", files, err)
+	}
+	sweepWaits := func(want string) {
+		t.Helper()
+		waitFor(t, time.Minute, "every sweep worker gated with "+want, func(ctx context.Context) (bool, error) {
+			sweep, err := r.JobPods(ctx, "sweep")
+			if err != nil {
+				return false, err
+			}
+			if len(sweep) != 4 {
+				return false, fmt.Errorf("job sweep has %d pods", len(sweep))
+			}
+			for i := range sweep {
+				p := &sweep[i]
+				if !gated(p) || p.Spec.NodeName != "" || !strings.Contains(admissionMessage(p), want) {
+					return false, fmt.Errorf("sweep worker %s: gates %v, node %q, condition %q", p.Name, p.Spec.SchedulingGates, p.Spec.NodeName, admissionMessage(p))
+				}
+			}
+			return true, nil
+		})
+	}
+	for _, f := range files[:2] {
+		if err := r.ApplyFile(t.Context(), f); err != nil {
+			t.Fatalf("applying %s: %v", f, err)
+		}
+	}
+	sweepWaits("gang sweep: 2 of 4 members' claims fit")
+	if err := r.ApplyFile(t.Context(), files[2]); err != nil {
+		t.Fatalf("applying %s: %v", files[2], err)
 	}
 	train, err := r.JobPods(t.Context(), "train")
 	if err != nil || len(train) != 4 {
 		t.Fatalf("job train has %d pods (%v), want 4", len(train), err)
 	}
 	decisions := map[string]bool{}
-	var files []string
+	var hostFiles []string
 	pls := placements(t, r)
 	for _, p := range train {
 		if p.Status.Phase != corev1.PodRunning {
@@ -153,28 +182,13 @@ func TestDemoGangJob(t *testing.T) {
 		}
 		decisions[d] = true
 		for _, c := range pls[p.Name].Claims {
-			files = append(files, hostFilesOfClaim(t, c.UID)...)
+			hostFiles = append(hostFiles, hostFilesOfClaim(t, c.UID)...)
 		}
 	}
 	if len(decisions) != 1 {
 		t.Errorf("train's workers were admitted by %d decisions %v, want one", len(decisions), decisions)
 	}
-	want := "gang sweep: 2 of 4 members' claims fit"
-	waitFor(t, time.Minute, "every sweep worker gated with "+want, func(ctx context.Context) (bool, error) {
-		sweep, err := r.JobPods(ctx, "sweep")
-		if err != nil {
-			return false, err
-		}
-		if len(sweep) != 4 {
-			return false, fmt.Errorf("job sweep has %d pods", len(sweep))
-		}
-		for i := range sweep {
-			p := &sweep[i]
-			if !gated(p) || p.Spec.NodeName != "" || !strings.Contains(admissionMessage(p), want) {
-				return false, fmt.Errorf("sweep worker %s: gates %v, node %q, condition %q", p.Name, p.Spec.SchedulingGates, p.Spec.NodeName, admissionMessage(p))
-			}
-		}
-		return true, nil
-	})
-	cleanupAndCheck(t, r, files)
+	// Next to train (12Gi on each T4), no 8Gi share fits at all.
+	sweepWaits("gang sweep: 0 of 4 members' claims fit")
+	cleanupAndCheck(t, r, hostFiles)
 }
