@@ -34,6 +34,10 @@ type Options struct {
 	DriverVersion string
 	// CUDADriverVersion as NVML encodes it (12040 = 12.4).
 	CUDADriverVersion int
+	// ProcRoot, when set, is a /proc whose processes that set
+	// EnvMemoryUsed are reported as compute processes on the devices in
+	// their NVIDIA_VISIBLE_DEVICES (see SetProcesses for tests).
+	ProcRoot string
 }
 
 // Server is a mock NVML library.
@@ -43,6 +47,11 @@ type Server struct {
 	mu      sync.Mutex
 	devices []*Device
 	events  chan nvml.EventData
+	procs   map[string][]Process
+
+	scanMu sync.Mutex
+	scan   map[string][]Process
+	scanAt time.Time
 }
 
 var _ nvml.Interface = (*Server)(nil)
@@ -283,6 +292,7 @@ func (d *Device) setFuncs() {
 		}
 		return 7, nvml.SUCCESS
 	}
+	d.srv.processFuncs(d.UUID, &d.GetComputeRunningProcessesFunc, &d.GetProcessUtilizationFunc)
 	d.GetMigDeviceHandleByIndexFunc = func(n int) (nvml.Device, nvml.Return) {
 		d.srv.mu.Lock()
 		defer d.srv.mu.Unlock()
@@ -515,6 +525,7 @@ func (ci *ComputeInstance) setFuncs() {
 	md := ci.migDevice
 	md.GetUUIDFunc = func() (string, nvml.Return) { return md.UUID, nvml.SUCCESS }
 	md.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return true, nvml.SUCCESS }
+	gi.dev.srv.processFuncs(md.UUID, &md.GetComputeRunningProcessesFunc, &md.GetProcessUtilizationFunc)
 	md.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return int(gi.id), nvml.SUCCESS }
 	md.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return int(ci.id), nvml.SUCCESS }
 	md.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return gi.dev, nvml.SUCCESS }
