@@ -36,6 +36,9 @@ type Options struct {
 	MockStateDir string
 	// Seed makes mock UUIDs stable; the node name.
 	Seed string
+	// MockProcRoot, when set, is the /proc whose processes that set
+	// nvmlmock.EnvMemoryUsed the mock reports as compute processes.
+	MockProcRoot string
 }
 
 // Backend is an initialised NVML implementation.
@@ -119,7 +122,7 @@ func openMock(opts Options) (*Backend, error) {
 	default:
 		return nil, fmt.Errorf("--mock-mig=%q is not valid: use all or none", opts.MockMIG)
 	}
-	mo := nvmlmock.Options{Spec: spec, Seed: opts.Seed, MIGEnabled: mig}
+	mo := nvmlmock.Options{Spec: spec, Seed: opts.Seed, MIGEnabled: mig, ProcRoot: opts.MockProcRoot}
 	if opts.MockStateDir != "" {
 		mo.StatePath = filepath.Join(opts.MockStateDir, "mock-gpu-state.json")
 	}

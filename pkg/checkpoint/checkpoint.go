@@ -64,9 +64,19 @@ type Claim struct {
 	// it is gone after a plugin restart.
 	MPS     *MPS     `json:"mps,omitempty"`
 	Devices []Device `json:"devices"`
+	// Pods are the claim's consumers when it was prepared (and those the
+	// kubelet prepared it for since): usage is attributed to the claim
+	// through them.
+	Pods []Pod `json:"pods,omitempty"`
 	// Spec is the CDI spec that was written, to rewrite it if it goes
 	// missing.
 	Spec *cdispec.Spec `json:"spec,omitempty"`
+}
+
+// Pod is a consumer of a claim.
+type Pod struct {
+	UID  string `json:"uid"`
+	Name string `json:"name"`
 }
 
 // MPS records a claim's MPS control daemon.

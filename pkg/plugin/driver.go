@@ -64,6 +64,8 @@ type Driver struct {
 	preparer  *prepare.Preparer
 	health    *health.Monitor
 	status    *statusWriter
+	metrics   *metrics
+	usage     usageState
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -128,6 +130,7 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 	}
 	bo := o.Backend
 	bo.Seed = o.NodeName
+	bo.MockProcRoot = o.HostProcRoot
 	if bo.MockStateDir == "" && bo.Kind == backend.Mock {
 		bo.MockStateDir = o.PluginDataDir
 	}
@@ -182,6 +185,15 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
 	d.goRun(func() { d.status.Run(ctx, 2) })
+	if o.MetricsBindAddress != "" && o.MetricsBindAddress != "0" {
+		d.metrics = newMetrics(d)
+		if err := d.metrics.serve(ctx, o.MetricsBindAddress); err != nil {
+			return nil, fmt.Errorf("--metrics-bind-address=%s: %w", o.MetricsBindAddress, err)
+		}
+	}
+	if o.UsageInterval > 0 {
+		d.goRun(func() { d.runUsage(ctx, o.UsageInterval) })
+	}
 	if len(d.preparer.Pending()) > 0 {
 		d.goRun(func() { d.preparer.RunRepairs(ctx, repairInterval) })
 	}
@@ -449,7 +461,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	var mu sync.Mutex
 	parallel(len(claims), func(i int) {
 		c := claims[i]
+		start := time.Now()
 		devices, err := d.preparer.Prepare(ctx, c)
+		d.metrics.observePrepare(c, time.Since(start), err)
 		if err != nil {
 			err = fmt.Errorf("prepare claim %s/%s: %w", c.Namespace, c.Name, err)
 			klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(c))

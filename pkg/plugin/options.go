@@ -89,6 +89,13 @@ type Options struct {
 	// exec probes; Probe, when set, makes the binary such a probe.
 	HealthcheckSocket string
 	Probe             string
+	// MetricsBindAddress serves /metrics; "" or "0" serves none.
+	MetricsBindAddress string
+	// UsageInterval is how often GPU usage is sampled; 0 disables it.
+	UsageInterval time.Duration
+	// HostProcRoot is the host's /proc as the plugin sees it (NVML
+	// reports host PIDs).
+	HostProcRoot string
 	// BootIDPath is where the node's boot ID is read (no flag; tests
 	// change it). Empty means /proc/sys/kernel/random/boot_id.
 	BootIDPath string
@@ -137,6 +144,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.HealthcheckPort, "healthcheck-port", -1, "Port of the gRPC health service (grpc.health.v1) for liveness, readiness and startup probes; negative serves none.")
 	fs.StringVar(&o.HealthcheckSocket, "healthcheck-socket", "", "Unix socket to serve the health service on as well, for exec probes (kubelet-plugin --probe); put it in a directory of the pod's own, e.g. /tmp/health.sock.")
 	fs.StringVar(&o.Probe, "probe", "", "Run as a probe instead of a plugin: ask the plugin's health service on --healthcheck-socket about liveness, readiness or startup, exit 0 when it is serving, 1 otherwise.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "127.0.0.1:8390", "Address of the Prometheus metrics endpoint (/metrics): per-claim allocated vs used memory, per-GPU memory and health, prepare latency and errors; empty or 0 serves none.")
+	fs.DurationVar(&o.UsageInterval, "usage-interval", 10*time.Second, "How often the compute processes on the GPUs are sampled (one NVML pass for all GPUs) and attributed to claims: metrics, and each claim's status.devices usage when it changed noticeably; 0 disables sampling.")
+	fs.StringVar(&o.HostProcRoot, "host-proc-root", "/proc", "The host's /proc as the plugin sees it (the chart mounts it at /host/proc): NVML reports host PIDs, mapped to pods through <root>/<pid>/cgroup. With --gpu-backend=mock, host processes that set MOCK_GPU_MEMORY_USED are simulated as compute processes.")
 	fs.StringVar(&o.HealthcheckAddress, "healthcheck-address", "", "Address the health service listens on; empty means every address of the pod's network (what the kubelet's gRPC probe dials).")
 	var ignored []uint
 	for _, x := range health.DefaultIgnoredXIDs {

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -150,7 +151,7 @@ func (p *Preparer) newPlan(claim *resourceapi.ResourceClaim, results []resourcea
 	uid := string(claim.UID)
 	pl := &plan{claim: claim, record: &checkpoint.Claim{
 		UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted,
-		Fingerprint: fp, SpecName: cdispec.SpecName(uid),
+		Fingerprint: fp, SpecName: cdispec.SpecName(uid), Pods: consumerPods(claim, nil),
 	}}
 	for _, r := range results {
 		d, err := p.resolve(claim, inv, devices, r)
@@ -288,4 +289,18 @@ func (p *Preparer) accountingDir(uid string) string {
 
 func (p *Preparer) accounting() accounting.Dirs {
 	return accounting.Dirs{Root: p.opts.AccountingDir, Size: p.opts.AccountingSize, Unbounded: p.opts.AccountingUnbounded}
+}
+
+// consumerPods adds the pods a claim is reserved for to known.
+func consumerPods(claim *resourceapi.ResourceClaim, known []checkpoint.Pod) []checkpoint.Pod {
+	out := append([]checkpoint.Pod(nil), known...)
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource != "pods" || r.APIGroup != "" {
+			continue
+		}
+		if !slices.ContainsFunc(out, func(p checkpoint.Pod) bool { return p.UID == string(r.UID) }) {
+			out = append(out, checkpoint.Pod{UID: string(r.UID), Name: r.Name})
+		}
+	}
+	return out
 }

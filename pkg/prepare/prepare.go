@@ -204,6 +204,14 @@ func (p *Preparer) prepareLocked(ctx context.Context, claim *resourceapi.Resourc
 	fp := fingerprint(claim, p.opts.DriverName)
 	if existing := p.record(uid); existing != nil {
 		if existing.State == checkpoint.PrepareCompleted && existing.Fingerprint == fp {
+			if pods := consumerPods(claim, existing.Pods); len(pods) != len(existing.Pods) {
+				// Prepared again for another consumer of a shared claim.
+				updated := clone(existing)
+				updated.Pods = pods
+				if err := p.put(updated); err != nil {
+					return nil, err
+				}
+			}
 			if !p.opts.CDI.Exists(existing.SpecName) && existing.Spec != nil {
 				if err := p.opts.CDI.Write(existing.SpecName, existing.Spec); err != nil {
 					return nil, err
@@ -234,7 +242,7 @@ func (p *Preparer) prepareLocked(ctx context.Context, claim *resourceapi.Resourc
 		return nil, err
 	}
 	if p.opts.Status != nil {
-		p.opts.Status.Set(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}, claim.UID, statusDevices(p.opts.DriverName, pl.record))
+		p.opts.Status.Set(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}, claim.UID, StatusDevices(p.opts.DriverName, pl.record, nil))
 	}
 	logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "devices", len(pl.record.Devices), "spec", pl.record.SpecName)
 	return kubeletDevices(pl.record), nil
@@ -264,6 +272,7 @@ func clone(c *checkpoint.Claim) *checkpoint.Claim {
 			out.Devices[i].MIG = &cp
 		}
 	}
+	out.Pods = append([]checkpoint.Pod(nil), c.Pods...)
 	if c.MPS != nil {
 		m := *c.MPS
 		m.Devices = append([]checkpoint.MPSDevice(nil), c.MPS.Devices...)
@@ -784,7 +793,9 @@ func kubeletDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
 // StatusData is the data a device's entry in status.devices carries.
 type StatusData = v1alpha1.DeviceStatus
 
-func statusDevices(driver string, rec *checkpoint.Claim) []resourceapi.AllocatedDeviceStatus {
+// StatusDevices are a prepared claim's entries in status.devices, with the
+// usage sampled per device (by device name; nil: none yet).
+func StatusDevices(driver string, rec *checkpoint.Claim, usage map[string]*v1alpha1.DeviceUsage) []resourceapi.AllocatedDeviceStatus {
 	out := make([]resourceapi.AllocatedDeviceStatus, 0, len(rec.Devices))
 	for _, d := range rec.Devices {
 		cores := d.Cores
@@ -799,6 +810,7 @@ func statusDevices(driver string, rec *checkpoint.Claim) []resourceapi.Allocated
 		if d.MIG != nil {
 			data.MIGProfile = d.MIG.Profile
 		}
+		data.Usage = usage[d.Device]
 		raw, _ := json.Marshal(data)
 		s := resourceapi.AllocatedDeviceStatus{Driver: driver, Pool: d.Pool, Device: d.Device, Data: &runtime.RawExtension{Raw: raw}}
 		if d.ShareID != "" {
@@ -808,6 +820,20 @@ func statusDevices(driver string, rec *checkpoint.Claim) []resourceapi.Allocated
 		out = append(out, s)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Device < out[j].Device })
+	return out
+}
+
+// Claims returns copies of the records of the claims prepared now.
+func (p *Preparer) Claims() []*checkpoint.Claim {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*checkpoint.Claim, 0, len(p.claims))
+	for _, c := range p.claims {
+		if c.State == checkpoint.PrepareCompleted {
+			out = append(out, clone(c))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
 	return out
 }
 
