@@ -187,9 +187,7 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 	d.goRun(func() { d.status.Run(ctx, 2) })
 	if o.MetricsBindAddress != "" && o.MetricsBindAddress != "0" {
 		d.metrics = newMetrics(d)
-		if err := d.metrics.serve(ctx, o.MetricsBindAddress); err != nil {
-			return nil, fmt.Errorf("--metrics-bind-address=%s: %w", o.MetricsBindAddress, err)
-		}
+		d.metrics.serve(ctx, o.MetricsBindAddress)
 	}
 	if o.UsageInterval > 0 {
 		d.goRun(func() { d.runUsage(ctx, o.UsageInterval) })

@@ -140,12 +140,30 @@ func (m *metrics) observePrepare(claim *resourceapi.ResourceClaim, took time.Dur
 	}
 }
 
-// serve serves /metrics on addr until ctx ends.
-func (m *metrics) serve(ctx context.Context, addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
+// serve serves /metrics on addr until ctx ends. When the address is taken
+// (during a seamless upgrade the old plugin pod holds the host port until
+// the new one is ready) it keeps trying in the background: metrics must
+// never keep the plugin from serving the kubelet.
+func (m *metrics) serve(ctx context.Context, addr string) {
+	logger := klog.FromContext(ctx)
+	go func() {
+		for {
+			ln, err := net.Listen("tcp", addr)
+			if err == nil {
+				m.serveOn(ctx, ln)
+				return
+			}
+			logger.Info("Metrics address not available yet; retrying", "address", addr, "error", err.Error())
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}()
+}
+
+func (m *metrics) serveOn(ctx context.Context, ln net.Listener) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -161,7 +179,6 @@ func (m *metrics) serve(ctx context.Context, addr string) error {
 		}
 	}()
 	klog.FromContext(ctx).Info("Serving metrics", "address", ln.Addr().String())
-	return nil
 }
 
 // usageCollector exports the per-claim and per-GPU gauges, computed when

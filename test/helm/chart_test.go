@@ -213,7 +213,9 @@ func typed(t *testing.T, ms []*manifest) map[string]any {
 			obj = &resourceapi.DeviceClass{}
 		case "tessera.dev/v1alpha1/Queue":
 			obj = &tesserav1alpha1.Queue{}
-		case "cert-manager.io/v1/Issuer", "cert-manager.io/v1/Certificate":
+		case "v1/Pod":
+			obj = &corev1.Pod{}
+		case "cert-manager.io/v1/Issuer", "cert-manager.io/v1/Certificate", "monitoring.coreos.com/v1/ServiceMonitor":
 			obj = map[string]any{} // no Go types here; checked by shape below
 		default:
 			t.Errorf("%s: unexpected object %s %s; add it to typed()", m.source, m.meta.APIVersion, m.meta.Kind)
@@ -1086,5 +1088,52 @@ func TestManifestsDecode(t *testing.T) {
 	}
 	if got := len(parse(t, out)); got != n {
 		t.Errorf("parse found %d objects, the YAML decoder %d", got, n)
+	}
+}
+
+// TestMetrics: every component has a metrics Service (the plugin's
+// headless, one endpoint per node), ServiceMonitors only when asked for,
+// the plugin reads the host's /proc read-only for usage, and with
+// hostNetwork the plugin declares no metrics port (it would become a host
+// port that a seamless upgrade's surge pod could not share).
+func TestMetrics(t *testing.T) {
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			objs := renderTyped(t, vs)
+			plugin := get[*corev1.Service](t, objs, "Service", ReleaseName+"-kubelet-plugin-metrics")
+			if plugin.Spec.ClusterIP != corev1.ClusterIPNone {
+				t.Errorf("the plugin's metrics Service has clusterIP %q, want None", plugin.Spec.ClusterIP)
+			}
+			dep := get[*appsv1.Deployment](t, objs, "Deployment", ReleaseName+"-controller")
+			ctrlMetrics := !slices.Contains(container(t, dep.Spec.Template.Spec, "controller").Args, "--metrics-bind-address=0")
+			if _, ok := objs["Service/"+ReleaseName+"-controller-metrics"]; ok != ctrlMetrics {
+				t.Errorf("controller metrics Service rendered: %v; the controller serves metrics: %v", ok, ctrlMetrics)
+			}
+			_, monitored := objs["ServiceMonitor/"+ReleaseName+"-kubelet-plugin"]
+			if want := vs.name == "full"; monitored != want {
+				t.Errorf("ServiceMonitor rendered: %v, want %v", monitored, want)
+			}
+			ds := get[*appsv1.DaemonSet](t, objs, "DaemonSet", ReleaseName+"-kubelet-plugin")
+			c := container(t, ds.Spec.Template.Spec, "kubelet-plugin")
+			args := strings.Join(c.Args, " ")
+			port := fmt.Sprint(plugin.Spec.Ports[0].Port)
+			if !strings.Contains(args, "--metrics-bind-address=") || !strings.Contains(args, ":"+port) || !strings.Contains(args, "--host-proc-root=/host/proc") {
+				t.Errorf("plugin args lack the metrics address on port %s or the host /proc: %s", port, args)
+			}
+			mounted := false
+			for _, m := range c.VolumeMounts {
+				if m.MountPath == "/host/proc" {
+					mounted = m.ReadOnly
+				}
+			}
+			if !mounted {
+				t.Error("the host's /proc is not mounted read-only at /host/proc")
+			}
+			for _, p := range c.Ports {
+				if p.Name == "metrics" && ds.Spec.Template.Spec.HostNetwork {
+					t.Error("a hostNetwork plugin declares its metrics port (a host port)")
+				}
+			}
+		})
 	}
 }
