@@ -197,6 +197,11 @@ type cycle struct {
 	seen     map[string]bool // reservations still in use
 	admitted []*Workload
 	counts   map[*queue.Queue]*[2]int32 // admitted, pending
+	// used is what admitted workloads' claims use (their plugins'
+	// samples), per queue with its descendants; sampled marks queues with
+	// at least one sampled claim.
+	used    map[*queue.Queue]uint64
+	sampled map[*queue.Queue]bool
 	dec      *Decision
 	// held is set once a workload within quota waits for capacity that
 	// reclaim frees: over-quota work is then not admitted this cycle.
@@ -225,6 +230,8 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 		estCache: map[string]estimate{},
 		seen:     map[string]bool{},
 		counts:   map[*queue.Queue]*[2]int32{},
+		used:     map[*queue.Queue]uint64{},
+		sampled:  map[*queue.Queue]bool{},
 		dec:      &Decision{Queues: map[string]*v1alpha1.QueueStatus{}},
 	}
 	for _, cl := range snap.Claims {
@@ -324,6 +331,12 @@ func (c *cycle) chargeAdmitted() error {
 				switch r := c.e.reservations[pc.Key]; {
 				case pc.Allocated():
 					w.Charge = w.Charge.Add(c.cat.ChargeAllocation(pc.Claim.Status.Allocation))
+					if used, ok := c.cat.MemoryUsed(pc.Claim); ok {
+						for n := w.leaf; n != nil; n = n.Parent {
+							c.used[n] += used
+							c.sampled[n] = true
+						}
+					}
 					sn := c.cl.nodeOf(pc.Claim.Status.Allocation)
 					if sn != nil {
 						w.holdings = append(w.holdings, holding{sn, pc.Claim.Status.Allocation})
@@ -682,6 +695,9 @@ func (c *cycle) queueStatus() {
 		}
 		if n := c.counts[q]; n != nil {
 			st.AdmittedWorkloads, st.PendingWorkloads = n[0], n[1]
+		}
+		if c.sampled[q] {
+			st.Used = v1alpha1.ResourceList{queue.Names[queue.Memory]: queue.Quantity(queue.Memory, int64(c.used[q]))}
 		}
 		c.dec.Queues[name] = st
 	}

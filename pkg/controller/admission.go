@@ -537,7 +537,7 @@ func statusEqual(a, b *v1alpha1.QueueStatus) bool {
 	if a.ObservedGeneration != b.ObservedGeneration || a.AdmittedWorkloads != b.AdmittedWorkloads || a.PendingWorkloads != b.PendingWorkloads {
 		return false
 	}
-	for _, pair := range [][2]v1alpha1.ResourceList{{a.Allocated, b.Allocated}, {a.Pending, b.Pending}, {a.FairShare, b.FairShare}} {
+	for _, pair := range [][2]v1alpha1.ResourceList{{a.Allocated, b.Allocated}, {a.Used, b.Used}, {a.Pending, b.Pending}, {a.FairShare, b.FairShare}} {
 		if len(pair[0]) != len(pair[1]) {
 			return false
 		}

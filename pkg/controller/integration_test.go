@@ -22,6 +22,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
@@ -354,6 +355,32 @@ func (e *env) allocate(node string, slices []*resourceapi.ResourceSlice, claimNa
 	}
 }
 
+// reportUsage writes what the kubelet plugin writes into an allocated
+// claim's status.devices: each device's DeviceStatus with a usage sample.
+func (e *env) reportUsage(name string, used uint64) {
+	e.t.Helper()
+	var c resourceapi.ResourceClaim
+	if err := e.c.Get(e.ctx, client.ObjectKey{Namespace: "default", Name: name}, &c); err != nil {
+		e.t.Fatal(err)
+	}
+	c.Status.Devices = nil
+	for _, r := range c.Status.Allocation.Devices.Results {
+		raw, err := json.Marshal(v1alpha1.DeviceStatus{UUID: "GPU-x", Usage: &v1alpha1.DeviceUsage{MemoryUsedBytes: used, Processes: 1, SampledAt: metav1.Now()}})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		st := resourceapi.AllocatedDeviceStatus{Driver: r.Driver, Pool: r.Pool, Device: r.Device, Data: &runtime.RawExtension{Raw: raw}}
+		if r.ShareID != nil {
+			st.ShareID = ptr.To(string(*r.ShareID))
+		}
+		c.Status.Devices = append(c.Status.Devices, st)
+		used = 0 // once per claim
+	}
+	if err := e.c.Status().Update(e.ctx, &c); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func (e *env) queueStatus(name string) v1alpha1.QueueStatus {
 	var q v1alpha1.Queue
 	if err := e.c.Get(e.ctx, client.ObjectKey{Name: name}, &q); err != nil {
@@ -443,6 +470,20 @@ func TestController(t *testing.T) {
 			return nil
 		})
 		e.allocate("node-1", slices, "a12")
+		// The kubelet plugin reports what the claim's processes use: the
+		// queue and its parent show it next to the allocation.
+		e.reportUsage("a12", 3<<30)
+		eventually(t, "team-a and org show 3Gi in use", func() error {
+			for _, q := range []string{"team-a", "org"} {
+				if st := e.queueStatus(q); qty(st.Used, v1alpha1.ResourceGPUMemory) != "3Gi" {
+					return fmt.Errorf("queue %s: used %v, allocated %v", q, st.Used, st.Allocated)
+				}
+			}
+			return nil
+		})
+		if table := e.table("team-a"); !strings.Contains(fmt.Sprint(table.Rows[0].Cells), "3Gi") {
+			t.Errorf("kubectl get queues shows no memory in use: %v", table.Rows[0].Cells)
+		}
 		e.create(asNew(claimPod("a2", "team-a", "a8")))
 		e.waitWaiting("a2", "QueueLimit", "queue team-a: needs 8Gi gpu memory; quota 16Gi, in use 12Gi, limit 16Gi")
 		eventually(t, "team-a pending", func() error {
@@ -499,7 +540,7 @@ func TestController(t *testing.T) {
 
 	t.Run("printer columns", func(t *testing.T) {
 		table := e.table("team-a")
-		want := []string{"Name", "Parent", "Mem-Quota", "Mem-Limit", "Mem-Used", "Mem-Fair", "GPUs-Used", "Admitted", "Pending", "Age"}
+		want := []string{"Name", "Parent", "Mem-Quota", "Mem-Limit", "Mem-Alloc", "Mem-InUse", "Mem-Fair", "GPUs-Alloc", "Admitted", "Pending", "Age"}
 		var got []string
 		for _, c := range table.ColumnDefinitions {
 			if c.Priority == 0 {

@@ -8,6 +8,7 @@ package demand
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
@@ -453,4 +455,23 @@ func evalSelectors(ctx context.Context, cache *cel.Cache, d cel.Device, selector
 		}
 	}
 	return true, nil
+}
+
+// MemoryUsed is the device memory a claim's processes use on this
+// driver's devices, from the usage the kubelet plugin writes into the
+// claim's status.devices (v1alpha1.DeviceStatus.Usage). sampled is false
+// when no entry carries a sample yet: unknown, not zero.
+func (c *Catalog) MemoryUsed(claim *resourceapi.ResourceClaim) (used uint64, sampled bool) {
+	for _, d := range claim.Status.Devices {
+		if d.Driver != c.Driver || d.Data == nil {
+			continue
+		}
+		var st v1alpha1.DeviceStatus
+		if err := json.Unmarshal(d.Data.Raw, &st); err != nil || st.Usage == nil {
+			continue
+		}
+		used += st.Usage.MemoryUsedBytes
+		sampled = true
+	}
+	return used, sampled
 }
