@@ -202,7 +202,7 @@ type cycle struct {
 	// at least one sampled claim.
 	used    map[*queue.Queue]uint64
 	sampled map[*queue.Queue]bool
-	dec      *Decision
+	dec     *Decision
 	// held is set once a workload within quota waits for capacity that
 	// reclaim frees: over-quota work is then not admitted this cycle.
 	held string

@@ -93,7 +93,7 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 	more := a.apply(ctx, snap, d)
 	logger.V(2).Info("Admission cycle", "workloads", d.Stats.Workloads, "pending", d.Stats.Pending, "admitted", d.Stats.Admitted,
 		"waiting", d.Stats.Waiting, "invalid", d.Stats.Invalid, "evicted", d.Stats.Evicted, "decide", d.Stats.Duration, "apply", time.Since(start))
-	a.Metrics.observe(d, time.Since(start))
+	a.Metrics.observe(snap, d, time.Since(start))
 	if more {
 		// Reasons left to write: come back soon.
 		return reconcile.Result{RequeueAfter: max(a.Opts.CycleInterval, time.Second)}, nil

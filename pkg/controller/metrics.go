@@ -5,39 +5,117 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/admission"
 )
 
-// Metrics are the controller's Prometheus metrics.
+// Metric names the controller exports (docs/observability.md; the Grafana
+// dashboard's test checks its queries against them).
+const (
+	MetricCycleSeconds            = "tessera_admission_cycle_seconds"
+	MetricWorkloads               = "tessera_admission_workloads"
+	MetricAdmittedTotal           = "tessera_admitted_workloads_total"
+	MetricReclaimedTotal          = "tessera_reclaimed_workloads_total"
+	MetricQueuePendingWorkloads   = "tessera_queue_pending_workloads"
+	MetricQueueAdmittedWorkloads  = "tessera_queue_admitted_workloads_total"
+	MetricQueueAdmissionWait      = "tessera_queue_admission_wait_time_seconds"
+	MetricQueueResourceUsage      = "tessera_queue_resource_usage"
+	MetricQueueQuota              = "tessera_queue_quota"
+	MetricQueueLimit              = "tessera_queue_limit"
+	MetricQueueFairShare          = "tessera_queue_fair_share"
+	MetricQueueEvictedWorkloads   = "tessera_queue_evicted_workloads_total"
+	MetricQueueMemoryUsedBytes    = "tessera_queue_memory_used_bytes"
+	evictionReasonReclaim         = "reclaim"
+	resourceLabel, queueLabel     = "resource", "queue"
+	reasonLabel                   = "reason"
+	waitTimeBucketsStart, buckets = 1.0, 16 // 1 s to ~9 h
+)
+
+// Metrics are the controller's Prometheus metrics: cycle timings and
+// totals, and per queue what Kueue's users look at (pending and admitted
+// workloads, admission wait, usage against quota, limit and fair share,
+// evictions) plus the memory its claims really use.
 type Metrics struct {
 	cycleDuration *prometheus.HistogramVec
 	workloads     *prometheus.GaugeVec
 	admitted      prometheus.Counter
 	evicted       prometheus.Counter
+
+	queuePending   *prometheus.GaugeVec
+	queueAdmitted  *prometheus.CounterVec
+	queueWait      *prometheus.HistogramVec
+	queueUsage     *prometheus.GaugeVec
+	queueQuota     *prometheus.GaugeVec
+	queueLimit     *prometheus.GaugeVec
+	queueFairShare *prometheus.GaugeVec
+	queueEvicted   *prometheus.CounterVec
+	queueUsed      *prometheus.GaugeVec
+	// now is the clock of the wait-time histogram (tests replace it).
+	now func() time.Time
 }
 
 // NewMetrics creates the metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
+	byQueue := []string{queueLabel}
+	byResource := []string{queueLabel, resourceLabel}
 	m := &Metrics{
 		cycleDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "tessera_admission_cycle_seconds",
+			Name:    MetricCycleSeconds,
 			Help:    "Duration of admission cycles: decide (simulation included) and apply (API calls).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"phase"}),
 		workloads: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tessera_admission_workloads",
+			Name: MetricWorkloads,
 			Help: "Workloads by state after the last cycle: pending, waiting, invalid.",
 		}, []string{"state"}),
-		admitted: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_admitted_workloads_total", Help: "Workloads admitted."}),
-		evicted:  prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_reclaimed_workloads_total", Help: "Workloads evicted by reclaim."}),
+		admitted: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricAdmittedTotal, Help: "Workloads admitted."}),
+		evicted:  prometheus.NewCounter(prometheus.CounterOpts{Name: MetricReclaimedTotal, Help: "Workloads evicted by reclaim."}),
+		queuePending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricQueuePendingWorkloads, Help: "Workloads of the queue (and its descendants) waiting for admission after the last cycle.",
+		}, byQueue),
+		queueAdmitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricQueueAdmittedWorkloads, Help: "Workloads admitted to the leaf queue (a gang counts once).",
+		}, byQueue),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    MetricQueueAdmissionWait,
+			Help:    "Time from a workload's creation (its admission gate is added then) to its admission (the gate removed), by leaf queue.",
+			Buckets: prometheus.ExponentialBuckets(waitTimeBucketsStart, 2, buckets),
+		}, byQueue),
+		queueUsage: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricQueueResourceUsage, Help: "What admitted workloads of the queue and its descendants hold, by resource (gpu.tessera.dev/memory in bytes, gpu.tessera.dev/gpus).",
+		}, byResource),
+		queueQuota: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricQueueQuota, Help: "The queue's quota by resource (0 when unset).",
+		}, byResource),
+		queueLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricQueueLimit, Help: "The queue's limit by resource; absent when the queue has none.",
+		}, byResource),
+		queueFairShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricQueueFairShare, Help: "The queue's fair share of the cluster by resource.",
+		}, byResource),
+		queueEvicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricQueueEvictedWorkloads, Help: "Workloads of the leaf queue evicted, by reason (reclaim).",
+		}, []string{queueLabel, reasonLabel}),
+		queueUsed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricQueueMemoryUsedBytes, Help: "GPU memory the processes of the queue's admitted claims use (the kubelet plugins' samples in claim status); absent until one is sampled.",
+		}, byQueue),
+		now: time.Now,
 	}
 	if reg != nil {
-		reg.MustRegister(m.cycleDuration, m.workloads, m.admitted, m.evicted)
+		reg.MustRegister(m.cycleDuration, m.workloads, m.admitted, m.evicted,
+			m.queuePending, m.queueAdmitted, m.queueWait, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueEvicted, m.queueUsed)
 	}
 	return m
 }
 
-func (m *Metrics) observe(d *admission.Decision, apply time.Duration) {
+// MetricNames are every metric the controller exports.
+func MetricNames() []string {
+	return []string{MetricCycleSeconds, MetricWorkloads, MetricAdmittedTotal, MetricReclaimedTotal,
+		MetricQueuePendingWorkloads, MetricQueueAdmittedWorkloads, MetricQueueAdmissionWait, MetricQueueResourceUsage,
+		MetricQueueQuota, MetricQueueLimit, MetricQueueFairShare, MetricQueueEvictedWorkloads, MetricQueueMemoryUsedBytes}
+}
+
+func (m *Metrics) observe(snap *admission.Snapshot, d *admission.Decision, apply time.Duration) {
 	if m == nil {
 		return
 	}
@@ -48,4 +126,50 @@ func (m *Metrics) observe(d *admission.Decision, apply time.Duration) {
 	m.workloads.WithLabelValues("invalid").Set(float64(d.Stats.Invalid))
 	m.admitted.Add(float64(d.Stats.Admitted))
 	m.evicted.Add(float64(d.Stats.Evicted))
+
+	now := m.now()
+	for _, a := range d.Admit {
+		q := a.Workload.QueueName
+		m.queueAdmitted.WithLabelValues(q).Inc()
+		created := now
+		for _, p := range a.Pods {
+			if t := p.CreationTimestamp.Time; !t.IsZero() && t.Before(created) {
+				created = t
+			}
+		}
+		m.queueWait.WithLabelValues(q).Observe(now.Sub(created).Seconds())
+	}
+	for _, e := range d.Evict {
+		m.queueEvicted.WithLabelValues(e.Workload.QueueName, evictionReasonReclaim).Inc()
+	}
+	// Gauges are set afresh: a deleted queue disappears.
+	for _, g := range []*prometheus.GaugeVec{m.queuePending, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueUsed} {
+		g.Reset()
+	}
+	for name, st := range d.Queues {
+		m.queuePending.WithLabelValues(name).Set(float64(st.PendingWorkloads))
+		setResources(m.queueUsage, name, st.Allocated)
+		setResources(m.queueFairShare, name, st.FairShare)
+		if used, ok := st.Used[v1alpha1.ResourceGPUMemory]; ok {
+			m.queueUsed.WithLabelValues(name).Set(used.AsApproximateFloat64())
+		}
+	}
+	for _, q := range snap.Queues {
+		for r, spec := range q.Spec.Resources {
+			quota := 0.0
+			if spec.Quota != nil {
+				quota = spec.Quota.AsApproximateFloat64()
+			}
+			m.queueQuota.WithLabelValues(q.Name, string(r)).Set(quota)
+			if spec.Limit != nil {
+				m.queueLimit.WithLabelValues(q.Name, string(r)).Set(spec.Limit.AsApproximateFloat64())
+			}
+		}
+	}
+}
+
+func setResources(g *prometheus.GaugeVec, q string, l v1alpha1.ResourceList) {
+	for r, v := range l {
+		g.WithLabelValues(q, string(r)).Set(v.AsApproximateFloat64())
+	}
 }
