@@ -13,10 +13,11 @@ FUZZTIME ?= 20s
 
 all: build
 
-## build: build the kubelet plugin and the controller into bin/
+## build: build the kubelet plugin, the controller and the kubectl plugin (kubectl-tessera: `kubectl tessera top`) into bin/
 build:
 	$(GO) build -o $(BIN)/kubelet-plugin ./cmd/kubelet-plugin
 	$(GO) build -o $(BIN)/controller ./cmd/controller
+	$(GO) build -o $(BIN)/kubectl-tessera ./cmd/kubectl-tessera
 
 ## test: vet, golangci-lint, upstream binaries (cached), unit tests with -race, bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
 test: vet lint verify-generated cluster-build unit fuzz bench-smoke helm-lint e2e
