@@ -71,6 +71,15 @@ type Config struct {
 	MaxReclaimsPerCycle int
 	// Features are the allocator features of the cluster's scheduler.
 	Features structured.Features
+	// ExactPlacement gives the allocator every device of a node and tries
+	// every claim on every node, without the shortcuts that make placement
+	// with selective devices (MIG, prioritized lists) fast: selector
+	// results cached per device content, the allocator given only the
+	// devices a claim can select plus the allocated ones, and failures
+	// shared between claims where one implies the other. The decisions
+	// are the same either way (tests compare them); it is there for those
+	// tests and for debugging.
+	ExactPlacement bool
 }
 
 // DefaultConfig is what the controller runs with unless told otherwise.
@@ -120,7 +129,10 @@ type Eviction struct {
 type Stats struct {
 	Workloads, Pending, Admitted, Waiting, Invalid, Evicted int
 	AllocatorCalls                                          int
-	Duration                                                time.Duration
+	// SharedFailures counts allocator runs skipped because another claim's
+	// failure on the node implies the claim's (see ExactPlacement).
+	SharedFailures int
+	Duration       time.Duration
 }
 
 // Decision is the outcome of one cycle.
@@ -190,7 +202,7 @@ type cycle struct {
 	snap     *Snapshot
 	tree     *queue.Tree
 	cat      *demand.Catalog
-	cl       *cluster
+	cl       *placer
 	objs     *objects
 	charged  map[string]bool
 	estCache map[string]estimate
@@ -224,7 +236,7 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 		e: e, ctx: ctx, logger: klog.FromContext(ctx), snap: snap,
 		tree:     queue.NewTree(snap.Queues),
 		cat:      demand.NewCatalog(snap.Slices, snap.Classes, e.cel),
-		cl:       newCluster(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel),
+		cl:       newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement),
 		objs:     &objects{claims: map[string]*resourceapi.ResourceClaim{}, templates: map[string]*resourceapi.ResourceClaimTemplate{}},
 		charged:  map[string]bool{},
 		estCache: map[string]estimate{},
@@ -281,6 +293,7 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 		}
 	}
 	c.dec.Stats.AllocatorCalls = c.cl.calls
+	c.dec.Stats.SharedFailures = c.cl.sharedFailures
 	c.dec.Stats.Duration = time.Since(start)
 	return c.dec, nil
 }

@@ -97,7 +97,15 @@ func NewAllocator(slices []*resourceapi.ResourceSlice, classes Classes) *Allocat
 // Allocate tries to allocate the claims jointly on node given the state.
 // It returns nil results (and no error) when they do not fit.
 func (a *Allocator) Allocate(ctx context.Context, node *v1.Node, state *State, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
-	alloc, err := structured.NewAllocator(ctx, a.Features, state.AllocatedState, a.Classes, a.Slices, a.cache)
+	return Allocate(ctx, a.Features, state, a.Classes, a.Slices, a.cache, node, claims)
+}
+
+// Allocate runs the scheduler's allocator once: the claims jointly on the
+// node, over the slices, given what the state holds. It returns nil results
+// (and no error) when they do not fit. Every use of the allocator in
+// Tessera goes through here.
+func Allocate(ctx context.Context, features structured.Features, state *State, classes Classes, slices []*resourceapi.ResourceSlice, cache *cel.Cache, node *v1.Node, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	alloc, err := structured.NewAllocator(ctx, features, state.AllocatedState, classes, slices, cache)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/cel"
@@ -57,6 +58,15 @@ type Catalog struct {
 	classes  map[string]*resourceapi.DeviceClass
 	capacity queue.Vector
 	cache    *cel.Cache
+	// results remembers what each selector said about each device: the
+	// same claims are estimated many times in a cycle.
+	mu      sync.Mutex
+	results map[selectorOnDevice]bool
+}
+
+type selectorOnDevice struct {
+	device *Device
+	expr   string
 }
 
 // NewCatalog indexes the slices (only the newest generation of each pool
@@ -425,12 +435,24 @@ func (c *Catalog) matches(ctx context.Context, d *Device, selectors []resourceap
 		if s.CEL == nil {
 			continue
 		}
-		res := c.cache.GetOrCompile(s.CEL.Expression)
-		if res.Error != nil {
-			continue
+		k := selectorOnDevice{d, s.CEL.Expression}
+		c.mu.Lock()
+		ok, known := c.results[k]
+		c.mu.Unlock()
+		if !known {
+			ok = true
+			if res := c.cache.GetOrCompile(s.CEL.Expression); res.Error == nil {
+				m, _, err := res.DeviceMatches(ctx, d.cel)
+				ok = m || err != nil
+			}
+			c.mu.Lock()
+			if c.results == nil {
+				c.results = map[selectorOnDevice]bool{}
+			}
+			c.results[k] = ok
+			c.mu.Unlock()
 		}
-		ok, _, err := res.DeviceMatches(ctx, d.cel)
-		if err == nil && !ok {
+		if !ok {
 			return false
 		}
 	}

@@ -16,3 +16,33 @@ func BenchmarkMixedTrace(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAdmissionCycleMIG decides the 1,000 jobs of the mixed trace
+// behind queues in one admission cycle, with shares and with shares + MIG
+// (prioritized lists), in the same run: issue 15 asks for MIG within 3x.
+func BenchmarkAdmissionCycleMIG(b *testing.B) {
+	jobs, err := ReadCSV("../../bench/mixed-1000.csv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	groups, _ := ParseNodes("12xdgxh100;12xdgxa100;40xt4:4")
+	queues, _ := ParseQueues("inference=1Ti:;training=1Ti:2Ti;notebook=256Gi:512Gi")
+	ctx := context.Background()
+	for _, p := range []Policy{Shares, SharesMIG} {
+		b.Run(string(p), func(b *testing.B) {
+			in, err := prepareAdmission(ctx, Cluster{Nodes: groups, Queues: queues}, jobs, p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var res admissionResult
+			for b.Loop() {
+				if res, err = in.admit(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(res.stats.AllocatorCalls), "allocator-calls")
+			b.ReportMetric(float64(res.stats.SharedFailures), "shared-failures")
+			b.ReportMetric(float64(len(res.order)), "admitted")
+		})
+	}
+}

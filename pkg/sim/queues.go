@@ -10,8 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tessera-dev/tessera/pkg/admission"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	admissionpkg "github.com/tessera-dev/tessera/pkg/admission"
+	fixtures "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 )
 
 // QueueSpec is one Queue of the controller, with a GPU memory quota and
@@ -52,23 +52,30 @@ type admissionResult struct {
 	// held counts jobs a queue holds back (quota or limit).
 	held int
 	took time.Duration
+	// stats are the cycle's own.
+	stats admissionpkg.Stats
 }
 
-// admit runs one decision cycle of the controller's admission engine over
-// the jobs, each a gated pod labelled for its queue whose claim comes from a
-// template, on the simulated nodes' slices.
-func admit(ctx context.Context, nodes []*simNode, jobs []Job, claims []*resourceapi.ResourceClaim, specs []QueueSpec, classes []*resourceapi.DeviceClass) (admissionResult, error) {
-	snap := &admission.Snapshot{Classes: classes}
+// admission is one decision cycle of the controller's admission engine
+// over the jobs, each a gated pod labelled for its queue whose claim comes
+// from a template, on the simulated nodes' slices.
+type admission struct {
+	snap  *admissionpkg.Snapshot
+	index map[string]int
+}
+
+func newAdmission(nodes []*simNode, jobs []Job, claims []*resourceapi.ResourceClaim, specs []QueueSpec, classes []*resourceapi.DeviceClass) *admission {
+	snap := &admissionpkg.Snapshot{Classes: classes}
 	known := map[string]bool{}
 	for _, q := range specs {
-		snap.Queues = append(snap.Queues, admissiontest.Queue(q.Name, "", q.Quota, q.Limit))
+		snap.Queues = append(snap.Queues, fixtures.Queue(q.Name, "", q.Quota, q.Limit))
 		known[q.Name] = true
 	}
 	if !known[DefaultQueue] {
-		snap.Queues = append(snap.Queues, admissiontest.Queue(DefaultQueue, "", "", ""))
+		snap.Queues = append(snap.Queues, fixtures.Queue(DefaultQueue, "", "", ""))
 	}
 	for _, n := range nodes {
-		snap.Nodes = append(snap.Nodes, admissiontest.Node(n.name))
+		snap.Nodes = append(snap.Nodes, fixtures.Node(n.name))
 		snap.Slices = append(snap.Slices, n.alloc.Slices...)
 	}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -84,25 +91,41 @@ func admit(ctx context.Context, nodes []*simNode, jobs []Job, claims []*resource
 			ObjectMeta: metav1.ObjectMeta{Namespace: "sim", Name: name},
 			Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: claims[i].Spec},
 		})
-		snap.Pods = append(snap.Pods, admissiontest.Pod("sim", name, admissiontest.PodOptions{
+		snap.Pods = append(snap.Pods, fixtures.Pod("sim", name, fixtures.PodOptions{
 			Queue: q, Templates: []string{name}, Gated: true,
 			Created: metav1.NewTime(t0.Add(time.Duration(i) * time.Millisecond)),
 		}))
 	}
-	dec, err := admission.NewEngine(admission.DefaultConfig()).Decide(ctx, snap)
+	return &admission{snap: snap, index: index}
+}
+
+// admit runs the cycle from a fresh engine.
+func (a *admission) admit(ctx context.Context) (admissionResult, error) {
+	snap, index := a.snap, a.index
+	dec, err := admissionpkg.NewEngine(admissionpkg.DefaultConfig()).Decide(ctx, snap)
 	if err != nil {
 		return admissionResult{}, err
 	}
-	res := admissionResult{took: dec.Stats.Duration}
+	res := admissionResult{took: dec.Stats.Duration, stats: dec.Stats}
 	for _, a := range dec.Admit {
 		for _, p := range a.Pods {
 			res.order = append(res.order, index[p.Name])
 		}
 	}
 	for _, v := range dec.Waiting {
-		if v.Reason == admission.ReasonQueueLimit || v.Reason == admission.ReasonOverQuotaHeld {
+		if v.Reason == admissionpkg.ReasonQueueLimit || v.Reason == admissionpkg.ReasonOverQuotaHeld {
 			res.held += len(v.Workload.Pods)
 		}
 	}
 	return res, nil
+}
+
+// prepareAdmission builds the cluster and the snapshot of one admission
+// cycle (benchmarks decide it repeatedly).
+func prepareAdmission(ctx context.Context, cl Cluster, jobs []Job, policy Policy) (*admission, error) {
+	classes, nodes, claims, err := build(ctx, cl, jobs, policy)
+	if err != nil {
+		return nil, err
+	}
+	return newAdmission(nodes, jobs, claims, cl.Queues, classes), nil
 }

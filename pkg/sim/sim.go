@@ -203,30 +203,18 @@ func RunPolicies(ctx context.Context, cl Cluster, jobs []Job) ([]Result, error) 
 // scheduler's allocator finds a device (nodes in the given order).
 func Run(ctx context.Context, cl Cluster, jobs []Job, policy Policy) (Result, error) {
 	res := Result{Policy: policy, Jobs: len(jobs)}
-	classes, err := loadClasses()
+	classes, nodes, claims, err := build(ctx, cl, jobs, policy)
 	if err != nil {
 		return res, err
 	}
-	var nodes []*simNode
-	for _, g := range cl.Nodes {
-		for range g.Count {
-			n, err := newNode(ctx, fmt.Sprintf("node-%03d", len(nodes)), g.Profile, policy, classes)
-			if err != nil {
-				return res, err
-			}
-			nodes = append(nodes, n)
-		}
-	}
-	migSizes := migMemorySizes(nodes)
 	usage := map[gpuKey]uint64{}
 	podsOn := map[gpuKey]int{}
-	claims := make([]*resourceapi.ResourceClaim, len(jobs))
 	order := make([]int, len(jobs))
-	for i, job := range jobs {
-		claims[i], order[i] = claimFor(policy, job, i, migSizes), i
+	for i := range jobs {
+		order[i] = i
 	}
 	if len(cl.Queues) > 0 {
-		a, err := admit(ctx, nodes, jobs, claims, cl.Queues, classes)
+		a, err := newAdmission(nodes, jobs, claims, cl.Queues, classes).admit(ctx)
 		if err != nil {
 			return res, err
 		}
@@ -285,6 +273,31 @@ func Run(ctx context.Context, cl Cluster, jobs []Job, policy Policy) (Result, er
 	}
 	res.LowerBound = lowerBound(nodes, placedDemand)
 	return res, nil
+}
+
+// build publishes the cluster's nodes for the policy and writes the claim
+// of every job.
+func build(ctx context.Context, cl Cluster, jobs []Job, policy Policy) (allocation.Classes, []*simNode, []*resourceapi.ResourceClaim, error) {
+	classes, err := loadClasses()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var nodes []*simNode
+	for _, g := range cl.Nodes {
+		for range g.Count {
+			n, err := newNode(ctx, fmt.Sprintf("node-%03d", len(nodes)), g.Profile, policy, classes)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			nodes = append(nodes, n)
+		}
+	}
+	migSizes := migMemorySizes(nodes)
+	claims := make([]*resourceapi.ResourceClaim, len(jobs))
+	for i, job := range jobs {
+		claims[i] = claimFor(policy, job, i, migSizes)
+	}
+	return classes, nodes, claims, nil
 }
 
 func newNode(ctx context.Context, name, profile string, policy Policy, classes allocation.Classes) (*simNode, error) {

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
@@ -21,11 +22,11 @@ import (
 	"github.com/tessera-dev/tessera/pkg/demand"
 )
 
-// simNode is a node of the simulated cluster: its slices and what is
+// placeNode is a node as placement simulation sees it: its slices and what is
 // allocated on it. The scheduler's allocator only looks at a node's own
 // slices, so a per-node state is equivalent to the cluster's and keeps
 // every simulation step small.
-type simNode struct {
+type placeNode struct {
 	idx    int
 	node   *corev1.Node
 	slices []*resourceapi.ResourceSlice
@@ -34,19 +35,28 @@ type simNode struct {
 	version uint64
 	// usable: Ready and not cordoned. plain: usable and untainted.
 	usable, plain bool
+	// held counts the allocations of each device (exclusive or shared).
+	held map[structured.DeviceID]int
+	// contentKeys are the content keys of the slices' devices, once needed.
+	contentKeys [][]string
+	// altFails are the capacity requests at which alternatives failed, at
+	// version altFailsAt (see shortcuts.go).
+	altFails   map[string][]map[resourceapi.QualifiedName]resource.Quantity
+	altFailsAt uint64
 }
 
 // holding is an allocation a workload holds on a node.
 type holding struct {
-	node   *simNode
+	node   *placeNode
 	result *resourceapi.AllocationResult
 }
 
-// cluster simulates placement with the scheduler's allocator.
-type cluster struct {
-	nodes    []*simNode
-	byName   map[string]*simNode
-	poolNode map[string]*simNode // driver/pool -> node
+// placer simulates placement with the scheduler's allocator, over a
+// snapshot of nodes, slices and classes, for one cycle.
+type placer struct {
+	nodes    []*placeNode
+	byName   map[string]*placeNode
+	poolNode map[string]*placeNode // driver/pool -> node
 	classes  allocation.Classes
 	features structured.Features
 	cel      *cel.Cache
@@ -54,6 +64,14 @@ type cluster struct {
 	fitCache map[filterKey]bool
 	specSigs map[*resourceapi.ResourceClaim]string
 	calls    int
+	// sharedFailures counts allocations not tried because the failure of
+	// another claim implies theirs.
+	sharedFailures int
+	// exact turns the shortcuts of shortcuts.go off.
+	exact      bool
+	shapes     map[*resourceapi.ResourceClaim]*claimShape
+	celResults map[exprDevice]bool
+	masks      map[maskKey][][]bool
 }
 
 type failKey struct {
@@ -66,21 +84,25 @@ type filterKey struct {
 	sig  string
 }
 
-func newCluster(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, features structured.Features, celCache *cel.Cache) *cluster {
-	c := &cluster{
-		byName:   map[string]*simNode{},
-		poolNode: map[string]*simNode{},
-		classes:  allocation.Classes(classes),
-		features: features,
-		cel:      celCache,
-		fails:    map[failKey]uint64{},
-		fitCache: map[filterKey]bool{},
-		specSigs: map[*resourceapi.ResourceClaim]string{},
+func newPlacer(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, features structured.Features, celCache *cel.Cache, exact bool) *placer {
+	c := &placer{
+		exact:      exact,
+		shapes:     map[*resourceapi.ResourceClaim]*claimShape{},
+		celResults: map[exprDevice]bool{},
+		masks:      map[maskKey][][]bool{},
+		byName:     map[string]*placeNode{},
+		poolNode:   map[string]*placeNode{},
+		classes:    allocation.Classes(classes),
+		features:   features,
+		cel:        celCache,
+		fails:      map[failKey]uint64{},
+		fitCache:   map[filterKey]bool{},
+		specSigs:   map[*resourceapi.ResourceClaim]string{},
 	}
 	sorted := append([]*corev1.Node(nil), nodes...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	for i, n := range sorted {
-		sn := &simNode{idx: i, node: n, state: allocation.NewState()}
+		sn := &placeNode{idx: i, node: n, state: allocation.NewState(), held: map[structured.DeviceID]int{}}
 		sn.usable = !n.Spec.Unschedulable && nodeReady(n)
 		sn.plain = sn.usable && len(n.Spec.Taints) == 0
 		c.nodes = append(c.nodes, sn)
@@ -113,7 +135,7 @@ func nodeReady(n *corev1.Node) bool {
 }
 
 // nodeOf returns the node an allocation lives on, or nil.
-func (c *cluster) nodeOf(a *resourceapi.AllocationResult) *simNode {
+func (c *placer) nodeOf(a *resourceapi.AllocationResult) *placeNode {
 	for _, r := range a.Devices.Results {
 		if sn := c.poolNode[r.Driver+"/"+r.Pool]; sn != nil {
 			return sn
@@ -131,14 +153,20 @@ func (c *cluster) nodeOf(a *resourceapi.AllocationResult) *simNode {
 	return nil
 }
 
-func (c *cluster) add(sn *simNode, a *resourceapi.AllocationResult) {
+func (c *placer) add(sn *placeNode, a *resourceapi.AllocationResult) {
 	sn.state.Add(a)
+	for _, r := range a.Devices.Results {
+		sn.held[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)]++
+	}
 	sn.version++
 }
 
-func (c *cluster) remove(sn *simNode, a *resourceapi.AllocationResult) {
+func (c *placer) remove(sn *placeNode, a *resourceapi.AllocationResult) {
 	for _, r := range a.Devices.Results {
 		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+		if sn.held[id]--; sn.held[id] <= 0 {
+			delete(sn.held, id)
+		}
 		if r.ShareID == nil {
 			sn.state.AllocatedDevices.Delete(id)
 			continue
@@ -151,19 +179,24 @@ func (c *cluster) remove(sn *simNode, a *resourceapi.AllocationResult) {
 	sn.version++
 }
 
-// allocate runs the scheduler's allocator for claims on one node.
-func (c *cluster) allocate(ctx context.Context, sn *simNode, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
-	c.calls++
-	alloc, err := structured.NewAllocator(ctx, c.features, sn.state.AllocatedState, c.classes, sn.slices, c.cel)
-	if err != nil {
-		return nil, err
+// allocate runs the scheduler's allocator for claims on one node, over the
+// devices the claims can select and those allocated (see shortcuts.go).
+func (c *placer) allocate(ctx context.Context, sn *placeNode, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	if c.knownToFail(sn, claims) {
+		c.sharedFailures++
+		return nil, nil
 	}
-	return alloc.Allocate(ctx, sn.node, claims)
+	c.calls++
+	res, err := allocation.Allocate(ctx, c.features, sn.state, c.classes, c.slicesFor(ctx, sn, claims), c.cel, sn.node, claims)
+	if err == nil && res == nil {
+		c.failed(sn, claims)
+	}
+	return res, err
 }
 
 // fits says whether the pod may run on the node apart from devices:
 // usable, node selector and required affinity, taints tolerated.
-func (c *cluster) fits(pod *corev1.Pod, sig string, sn *simNode) bool {
+func (c *placer) fits(pod *corev1.Pod, sig string, sn *placeNode) bool {
 	if !sn.usable {
 		return false
 	}
@@ -197,7 +230,7 @@ func podFilterSig(p *corev1.Pod) string {
 	}{p.Spec.NodeSelector, p.Spec.Affinity, p.Spec.Tolerations})
 }
 
-func (c *cluster) claimSig(claims []*resourceapi.ResourceClaim) string {
+func (c *placer) claimSig(claims []*resourceapi.ResourceClaim) string {
 	s := ""
 	for _, cl := range claims {
 		sig, ok := c.specSigs[cl]
@@ -220,7 +253,7 @@ func hashJSON(v any) string {
 // placement is where a simulation put one pod's claims.
 type placement struct {
 	pod     *corev1.Pod
-	node    *simNode
+	node    *placeNode
 	keys    []string
 	results []resourceapi.AllocationResult
 }
@@ -228,14 +261,14 @@ type placement struct {
 // trial is an all-or-nothing simulation: placements are applied to the
 // node states as they are found and undone by rollback.
 type trial struct {
-	c *cluster
+	c *placer
 	// hint is tried first (where an earlier admission placed the pod).
-	hint   *simNode
-	placed map[string]*simNode // claim key -> node, within this trial
+	hint   *placeNode
+	placed map[string]*placeNode // claim key -> node, within this trial
 	done   []placement
 }
 
-func (c *cluster) newTrial() *trial { return &trial{c: c, placed: map[string]*simNode{}} }
+func (c *placer) newTrial() *trial { return &trial{c: c, placed: map[string]*placeNode{}} }
 
 func (t *trial) rollback() {
 	for i := len(t.done) - 1; i >= 0; i-- {
@@ -245,14 +278,14 @@ func (t *trial) rollback() {
 		}
 	}
 	t.done = nil
-	t.placed = map[string]*simNode{}
+	t.placed = map[string]*placeNode{}
 }
 
 // claimInfo is what the trial needs to know about a claim of a pod.
 type claimInfo struct {
 	pc demand.PodClaim
 	// node is set when the claim is already allocated or reserved there.
-	node *simNode
+	node *placeNode
 	// charged says the claim is accounted elsewhere (allocated, reserved,
 	// or charged to another workload) and needs no allocation.
 	settled bool
@@ -261,7 +294,7 @@ type claimInfo struct {
 // placePod finds a node for the pod's claims that are not settled, first
 // fit in node order; claims settled on a node pin the pod to it.
 func (t *trial) placePod(ctx context.Context, pod *corev1.Pod, infos []claimInfo) (bool, error) {
-	var pin *simNode
+	var pin *placeNode
 	var toAlloc []*resourceapi.ResourceClaim
 	var keys []string
 	for _, ci := range infos {
@@ -294,7 +327,7 @@ func (t *trial) placePod(ctx context.Context, pod *corev1.Pod, infos []claimInfo
 	}
 	filterSig := podFilterSig(pod)
 	sig := t.c.claimSig(toAlloc) + "|" + filterSig
-	try := func(sn *simNode) (bool, error) {
+	try := func(sn *placeNode) (bool, error) {
 		if !t.c.fits(pod, filterSig, sn) {
 			return false, nil
 		}

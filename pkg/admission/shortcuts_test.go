@@ -1,0 +1,182 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/cel"
+
+	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/devicemodel"
+)
+
+// TestShortcutsPlaceAsExact runs the same random sequences of allocations
+// and releases (MIG prioritized lists, memory shares, whole GPUs with
+// selectors, pods with two claims) on MIG nodes through a placer with the
+// shortcuts and one without (ExactPlacement), and requires the very same
+// allocation results, device by device, at every step.
+func TestShortcutsPlaceAsExact(t *testing.T) {
+	var nodes []*corev1.Node
+	var all []*resourceapi.ResourceSlice
+	for i, o := range []admissiontest.NodeOptions{{Profile: "h100-80gb:2", MIG: true}, {Profile: "a100-40gb:2", MIG: true}, {Profile: "l4:2"}} {
+		name := fmt.Sprintf("n%d", i)
+		s, err := admissiontest.NodeSlices(name, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes, all = append(nodes, admissiontest.Node(name)), append(all, s...)
+	}
+	sizes := migSizes(all)
+	if len(sizes) < 3 {
+		t.Fatalf("MIG sizes %v: the nodes publish no MIG devices", sizes)
+	}
+	var placed, failed, shared int
+	for seed := range uint64(12) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		ctx := context.Background()
+		fast := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), false)
+		exact := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), true)
+		type held struct {
+			node int
+			res  []resourceapi.AllocationResult
+		}
+		var holds []held
+		for step := range 150 {
+			if len(holds) > 0 && rng.IntN(4) == 0 {
+				i := rng.IntN(len(holds))
+				h := holds[i]
+				for j := range h.res {
+					fast.remove(fast.nodes[h.node], &h.res[j])
+					exact.remove(exact.nodes[h.node], &h.res[j])
+				}
+				holds = slices.Delete(holds, i, i+1)
+				continue
+			}
+			claims := []*resourceapi.ResourceClaim{randomClaim(rng, sizes, seed, step, 0)}
+			if rng.IntN(6) == 0 {
+				claims = append(claims, randomClaim(rng, sizes, seed, step, 1))
+			}
+			for n := range fast.nodes {
+				got, gotErr := fast.allocate(ctx, fast.nodes[n], claims)
+				want, wantErr := exact.allocate(ctx, exact.nodes[n], claims)
+				if (gotErr != nil) != (wantErr != nil) {
+					t.Fatalf("seed %d step %d node %d: error %v with shortcuts, %v without", seed, step, n, gotErr, wantErr)
+				}
+				if !reflect.DeepEqual(withoutShareIDs(got), withoutShareIDs(want)) {
+					t.Fatalf("seed %d step %d node %d: claims %s\nwith shortcuts: %+v\nwithout:        %+v", seed, step, n, claimsString(claims), got, want)
+				}
+				if got == nil {
+					failed++
+					continue
+				}
+				placed++
+				for j := range got {
+					fast.add(fast.nodes[n], &got[j])
+					exact.add(exact.nodes[n], &want[j])
+				}
+				holds = append(holds, held{n, got})
+				break
+			}
+		}
+		shared += fast.sharedFailures
+		if exact.sharedFailures != 0 {
+			t.Errorf("seed %d: ExactPlacement shared %d failures", seed, exact.sharedFailures)
+		}
+	}
+	t.Logf("placed %d, failed %d, shared failures %d", placed, failed, shared)
+	// The sequences must exercise both outcomes and the shared failures.
+	if placed < 100 || failed < 100 || shared < 50 {
+		t.Errorf("placed %d, failed %d, shared failures %d: the sequences do not exercise the shortcuts", placed, failed, shared)
+	}
+}
+
+func migSizes(published []*resourceapi.ResourceSlice) []int64 {
+	var out []int64
+	for _, s := range published {
+		for _, d := range s.Spec.Devices {
+			if a := d.Attributes[devicemodel.AttrType]; a.StringValue != nil && *a.StringValue == devicemodel.TypeMIG {
+				if c := d.Capacity[devicemodel.CapMemory]; !slices.Contains(out, c.Value.Value()) {
+					out = append(out, c.Value.Value())
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func memSelector(op string, b int64) resourceapi.DeviceSelector {
+	return resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf(
+		`device.capacity["gpu.tessera.dev"].memory.compareTo(quantity(%q)) %s 0`, resource.NewQuantity(b, resource.BinarySI).String(), op)}}
+}
+
+// randomClaim is a MIG prioritized list (the smallest partition that
+// holds the request first, a share last), a memory share, or a whole GPU
+// with at least some memory.
+func randomClaim(rng *rand.Rand, sizes []int64, seed uint64, step, i int) *resourceapi.ResourceClaim {
+	mem := int64(1+rng.IntN(160)) << 28 // 256Mi .. 40Gi
+	share := &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{devicemodel.CapMemory: *resource.NewQuantity(mem, resource.BinarySI)}}
+	req := resourceapi.DeviceRequest{Name: "gpu"}
+	switch rng.IntN(3) {
+	case 0:
+		for _, s := range sizes {
+			if s < mem {
+				continue
+			}
+			req.FirstAvailable = append(req.FirstAvailable, resourceapi.DeviceSubRequest{
+				Name: fmt.Sprintf("mig-%d", len(req.FirstAvailable)), DeviceClassName: "mig.tessera.dev",
+				Selectors: []resourceapi.DeviceSelector{memSelector("==", s)}, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+			})
+		}
+		req.FirstAvailable = append(req.FirstAvailable, resourceapi.DeviceSubRequest{
+			Name: "share", DeviceClassName: "gpu.tessera.dev", Capacity: share, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+		})
+	case 1:
+		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Capacity: share, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
+	default:
+		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Selectors: []resourceapi.DeviceSelector{memSelector(">=", mem)}, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
+	}
+	name := fmt.Sprintf("c-%d-%d-%d", seed, step, i)
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
+	}
+}
+
+func claimsString(claims []*resourceapi.ResourceClaim) string {
+	s := ""
+	for _, c := range claims {
+		s += fmt.Sprintf("%+v ", c.Spec.Devices)
+	}
+	return s
+}
+
+// withoutShareIDs drops the share IDs, which the allocator draws at random.
+func withoutShareIDs(res []resourceapi.AllocationResult) []resourceapi.AllocationResult {
+	if res == nil {
+		return nil
+	}
+	out := make([]resourceapi.AllocationResult, len(res))
+	for i := range res {
+		res[i].DeepCopyInto(&out[i])
+		for j := range out[i].Devices.Results {
+			if out[i].Devices.Results[j].ShareID == nil {
+				continue
+			}
+			out[i].Devices.Results[j].ShareID = ptrTo(types.UID("share"))
+		}
+	}
+	return out
+}
+
+func ptrTo[T any](v T) *T { return &v }
