@@ -30,3 +30,25 @@ func TestOnlyBackendImportsTheMock(t *testing.T) {
 		}
 	}
 }
+
+// The binaries link neither the trace replayer (pkg/sim, benchmark code)
+// nor test fixtures (packages named *test, *testing or fake): what they
+// need of either belongs in a package with a proper name.
+func TestLinksNoBenchmarkOrFixtures(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	const module = "github.com/tessera-dev/tessera/"
+	for _, pkg := range strings.Fields(string(out)) {
+		rest, ours := strings.CutPrefix(pkg, module)
+		if !ours {
+			continue
+		}
+		last := rest[strings.LastIndex(rest, "/")+1:]
+		if rest == "pkg/sim" || strings.HasPrefix(rest, "pkg/sim/") || strings.HasPrefix(rest, "hack/") ||
+			strings.HasSuffix(last, "test") || strings.HasSuffix(last, "testing") || last == "fake" {
+			t.Errorf("the binary links %s: benchmark code and test fixtures stay out of the binaries", pkg)
+		}
+	}
+}

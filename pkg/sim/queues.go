@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	admissionpkg "github.com/tessera-dev/tessera/pkg/admission"
-	fixtures "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 )
 
 // QueueSpec is one Queue of the controller, with a GPU memory quota and
@@ -68,14 +67,14 @@ func newAdmission(nodes []*simNode, jobs []Job, claims []*resourceapi.ResourceCl
 	snap := &admissionpkg.Snapshot{Classes: classes}
 	known := map[string]bool{}
 	for _, q := range specs {
-		snap.Queues = append(snap.Queues, fixtures.Queue(q.Name, "", q.Quota, q.Limit))
+		snap.Queues = append(snap.Queues, queueObject(q.Name, q.Quota, q.Limit))
 		known[q.Name] = true
 	}
 	if !known[DefaultQueue] {
-		snap.Queues = append(snap.Queues, fixtures.Queue(DefaultQueue, "", "", ""))
+		snap.Queues = append(snap.Queues, queueObject(DefaultQueue, "", ""))
 	}
 	for _, n := range nodes {
-		snap.Nodes = append(snap.Nodes, fixtures.Node(n.name))
+		snap.Nodes = append(snap.Nodes, nodeObject(n.name))
 		snap.Slices = append(snap.Slices, n.alloc.Slices...)
 	}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -91,10 +90,7 @@ func newAdmission(nodes []*simNode, jobs []Job, claims []*resourceapi.ResourceCl
 			ObjectMeta: metav1.ObjectMeta{Namespace: "sim", Name: name},
 			Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: claims[i].Spec},
 		})
-		snap.Pods = append(snap.Pods, fixtures.Pod("sim", name, fixtures.PodOptions{
-			Queue: q, Templates: []string{name}, Gated: true,
-			Created: metav1.NewTime(t0.Add(time.Duration(i) * time.Millisecond)),
-		}))
+		snap.Pods = append(snap.Pods, gatedPod("sim", name, q, name, metav1.NewTime(t0.Add(time.Duration(i)*time.Millisecond))))
 	}
 	return &admission{snap: snap, index: index}
 }
