@@ -39,6 +39,12 @@ type placeNode struct {
 	held map[structured.DeviceID]int
 	// contentKeys are the content keys of the slices' devices, once needed.
 	contentKeys [][]string
+	positions   map[structured.DeviceID]devPos
+	counterSets map[devPos][]string
+	// setVersion counts the allocation changes of each counter set;
+	// blockedAt remembers alternatives that found nothing on one.
+	setVersion map[string]uint64
+	blockedAt  map[blockKey]uint64
 	// altFails are the capacity requests at which alternatives failed, at
 	// version altFailsAt (see shortcuts.go).
 	altFails   map[string][]map[resourceapi.QualifiedName]resource.Quantity
@@ -72,6 +78,7 @@ type placer struct {
 	shapes     map[*resourceapi.ResourceClaim]*claimShape
 	celResults map[exprDevice]bool
 	masks      map[maskKey][][]bool
+	cands      map[altKey][]devPos
 }
 
 type failKey struct {
@@ -90,6 +97,7 @@ func newPlacer(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classe
 		shapes:     map[*resourceapi.ResourceClaim]*claimShape{},
 		celResults: map[exprDevice]bool{},
 		masks:      map[maskKey][][]bool{},
+		cands:      map[altKey][]devPos{},
 		byName:     map[string]*placeNode{},
 		poolNode:   map[string]*placeNode{},
 		classes:    allocation.Classes(classes),
@@ -102,7 +110,7 @@ func newPlacer(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classe
 	sorted := append([]*corev1.Node(nil), nodes...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	for i, n := range sorted {
-		sn := &placeNode{idx: i, node: n, state: allocation.NewState(), held: map[structured.DeviceID]int{}}
+		sn := &placeNode{idx: i, node: n, state: allocation.NewState(), held: map[structured.DeviceID]int{}, setVersion: map[string]uint64{}, blockedAt: map[blockKey]uint64{}}
 		sn.usable = !n.Spec.Unschedulable && nodeReady(n)
 		sn.plain = sn.usable && len(n.Spec.Taints) == 0
 		c.nodes = append(c.nodes, sn)
@@ -155,6 +163,7 @@ func (c *placer) nodeOf(a *resourceapi.AllocationResult) *placeNode {
 
 func (c *placer) add(sn *placeNode, a *resourceapi.AllocationResult) {
 	sn.state.Add(a)
+	c.touched(sn, a)
 	for _, r := range a.Devices.Results {
 		sn.held[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)]++
 	}
@@ -162,6 +171,7 @@ func (c *placer) add(sn *placeNode, a *resourceapi.AllocationResult) {
 }
 
 func (c *placer) remove(sn *placeNode, a *resourceapi.AllocationResult) {
+	c.touched(sn, a)
 	for _, r := range a.Devices.Results {
 		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
 		if sn.held[id]--; sn.held[id] <= 0 {
@@ -185,6 +195,9 @@ func (c *placer) allocate(ctx context.Context, sn *placeNode, claims []*resource
 	if c.knownToFail(sn, claims) {
 		c.sharedFailures++
 		return nil, nil
+	}
+	if res, ok, err := c.allocateLadder(ctx, sn, claims); ok {
+		return res, err
 	}
 	c.calls++
 	res, err := allocation.Allocate(ctx, c.features, sn.state, c.classes, c.slicesFor(ctx, sn, claims), c.cel, sn.node, claims)

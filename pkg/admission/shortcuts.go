@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/tessera-dev/tessera/pkg/allocation"
 )
 
 // The shortcuts below make placement with many selective devices (MIG
@@ -87,6 +89,13 @@ func deviceContentKey(driver string, d *resourceapi.Device) string {
 type alternative struct {
 	class     string
 	selectors []string
+	// selKey identifies class and selectors; result is the request name
+	// an allocation by this alternative carries.
+	selKey, result string
+	// ladder: exact count, no admin access (see allocateLadder).
+	ladder bool
+	// blockKey is key and capacity requests.
+	blockKey string
 	// key is everything but the name and the capacity requests.
 	key  string
 	caps map[resourceapi.QualifiedName]resource.Quantity
@@ -107,8 +116,9 @@ func (p *placer) shapeOf(cl *resourceapi.ResourceClaim) *claimShape {
 	}
 	s := &claimShape{single: len(cl.Spec.Devices.Requests) == 1 && len(cl.Spec.Devices.Constraints) == 0}
 	var sig strings.Builder
-	add := func(class string, sels []resourceapi.DeviceSelector, rest any, caps *resourceapi.CapacityRequirements) {
-		a := alternative{class: class}
+	add := func(result, class string, sels []resourceapi.DeviceSelector, rest any, caps *resourceapi.CapacityRequirements, ladder bool) {
+		a := alternative{class: class, result: result, ladder: ladder}
+		start := sig.Len()
 		sig.WriteString(class)
 		for _, sel := range sels {
 			expr := ""
@@ -118,9 +128,15 @@ func (p *placer) shapeOf(cl *resourceapi.ResourceClaim) *claimShape {
 			a.selectors = append(a.selectors, expr)
 			sig.WriteString("\x00" + expr)
 		}
+		a.selKey = sig.String()[start:]
 		sig.WriteString("\x01")
 		data, _ := json.Marshal(rest)
 		a.key = string(data)
+		a.blockKey = a.key
+		if caps != nil {
+			capsData, _ := json.Marshal(caps)
+			a.blockKey += string(capsData)
+		}
 		if caps != nil {
 			a.caps = caps.Requests
 		}
@@ -130,12 +146,12 @@ func (p *placer) shapeOf(cl *resourceapi.ResourceClaim) *claimShape {
 		if e := r.Exactly; e != nil {
 			rest := *e
 			rest.Capacity = nil
-			add(e.DeviceClassName, e.Selectors, rest, e.Capacity)
+			add(r.Name, e.DeviceClassName, e.Selectors, rest, e.Capacity, ladderable(e.AllocationMode, e.Count, e.AdminAccess))
 		}
 		for _, sub := range r.FirstAvailable {
 			rest := sub
 			rest.Name, rest.Capacity = "", nil
-			add(sub.DeviceClassName, sub.Selectors, rest, sub.Capacity)
+			add(r.Name+"/"+sub.Name, sub.DeviceClassName, sub.Selectors, rest, sub.Capacity, ladderable(sub.AllocationMode, sub.Count, nil))
 		}
 		sig.WriteString("\x02")
 	}
@@ -212,14 +228,7 @@ func (p *placer) slicesFor(ctx context.Context, sn *placeNode, claims []*resourc
 	mk := maskKey{sn.idx, sig}
 	mask, ok := p.masks[mk]
 	if !ok {
-		if sn.contentKeys == nil {
-			sn.contentKeys = make([][]string, len(sn.slices))
-			for i, s := range sn.slices {
-				for j := range s.Spec.Devices {
-					sn.contentKeys[i] = append(sn.contentKeys[i], deviceContentKey(s.Spec.Driver, &s.Spec.Devices[j]))
-				}
-			}
-		}
+		p.nodeIndex(sn)
 		mask = make([][]bool, len(sn.slices))
 		for i, s := range sn.slices {
 			for j := range s.Spec.Devices {
@@ -258,7 +267,7 @@ func (p *placer) knownToFail(sn *placeNode, claims []*resourceapi.ResourceClaim)
 		return false
 	}
 	for _, a := range s.alts {
-		if !slices.ContainsFunc(sn.altFails[a.key], func(f map[resourceapi.QualifiedName]resource.Quantity) bool { return capsAtLeast(a.caps, f) }) {
+		if !p.altKnownToFail(sn, a) {
 			return false
 		}
 	}
@@ -274,11 +283,8 @@ func (p *placer) failed(sn *placeNode, claims []*resourceapi.ResourceClaim) {
 	if !s.single {
 		return
 	}
-	if sn.altFailsAt != sn.version || sn.altFails == nil {
-		sn.altFails, sn.altFailsAt = map[string][]map[resourceapi.QualifiedName]resource.Quantity{}, sn.version
-	}
 	for _, a := range s.alts {
-		sn.altFails[a.key] = append(sn.altFails[a.key], a.caps)
+		p.altFailed(sn, a)
 	}
 }
 
@@ -295,4 +301,298 @@ func capsAtLeast(want, have map[resourceapi.QualifiedName]resource.Quantity) boo
 		}
 	}
 	return true
+}
+
+func ladderable(mode resourceapi.DeviceAllocationMode, count int64, admin *bool) bool {
+	return (mode == "" || mode == resourceapi.DeviceAllocationModeExactCount) && count <= 1 && (admin == nil || !*admin)
+}
+
+// devPos is a device's place among a node's slices.
+type devPos struct{ slice, device int }
+
+type altKey struct {
+	node int
+	sel  string
+}
+
+// candidates lists, in the allocator's order, the node's devices the
+// alternative's class and selectors select.
+func (p *placer) candidates(ctx context.Context, sn *placeNode, a alternative) []devPos {
+	k := altKey{sn.idx, a.selKey}
+	if c, ok := p.cands[k]; ok {
+		return c
+	}
+	p.nodeIndex(sn)
+	one := []*claimShape{{alts: []alternative{a}}}
+	c := []devPos{}
+	for i, s := range sn.slices {
+		for j := range s.Spec.Devices {
+			if p.selectable(ctx, one, sn.contentKeys[i][j], s.Spec.Driver, &s.Spec.Devices[j]) {
+				c = append(c, devPos{i, j})
+			}
+		}
+	}
+	p.cands[k] = c
+	return c
+}
+
+// nodeIndex computes the node's device content keys, positions and
+// counter sets once.
+func (p *placer) nodeIndex(sn *placeNode) {
+	if sn.contentKeys != nil {
+		return
+	}
+	sn.contentKeys = make([][]string, len(sn.slices))
+	sn.positions = map[structured.DeviceID]devPos{}
+	sn.counterSets = map[devPos][]string{}
+	for i, s := range sn.slices {
+		for j := range s.Spec.Devices {
+			d := &s.Spec.Devices[j]
+			sn.contentKeys[i] = append(sn.contentKeys[i], deviceContentKey(s.Spec.Driver, d))
+			sn.positions[structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)] = devPos{i, j}
+			for _, cc := range d.ConsumesCounters {
+				sn.counterSets[devPos{i, j}] = append(sn.counterSets[devPos{i, j}], s.Spec.Driver+"/"+s.Spec.Pool.Name+"/"+cc.CounterSet)
+			}
+		}
+	}
+}
+
+// allocateLadder allocates a one-request claim by its alternatives in
+// order, each over a few devices, with the same result as the allocator
+// over all of them:
+//
+//   - alternatives known to fail on the node (see knownToFail) are skipped:
+//     the allocator would find nothing for them on any subset of the
+//     devices either;
+//   - for the first other alternative, the allocator gets a prefix (in its
+//     own order) of the devices the alternative selects, and every
+//     allocated device that consumes counters of a counter set those
+//     devices consume. Whether a device can be allocated depends only on
+//     the allocation state, its own capacity and the counters of its
+//     counter sets, so it is the same as over all devices, and the
+//     allocator's first available device of the prefix is its first
+//     overall. A result by this alternative is therefore the result over
+//     all devices. Otherwise the prefix grows; once it holds all of the
+//     alternative's devices and still yields nothing by it, the
+//     alternative fails on the node and the next one is tried.
+//
+// It returns handled=false when the claim is not of that kind.
+func (p *placer) allocateLadder(ctx context.Context, sn *placeNode, claims []*resourceapi.ResourceClaim) (res []resourceapi.AllocationResult, handled bool, err error) {
+	if p.exact || len(claims) != 1 {
+		return nil, false, nil
+	}
+	s := p.shapeOf(claims[0])
+	if !s.single {
+		return nil, false, nil
+	}
+	for _, a := range s.alts {
+		if !a.ladder {
+			return nil, false, nil
+		}
+	}
+	p.nodeIndex(sn)
+	for _, a := range s.alts {
+		if p.altKnownToFail(sn, a) {
+			continue
+		}
+		cands := p.candidates(ctx, sn, a)
+		if len(cands) == 0 {
+			p.altFailed(sn, a) // nothing here it could take
+			continue
+		}
+		for groups := 1; ; groups *= 2 {
+			list, in, all := p.groupPrefix(sn, cands, groups, a.blockKey)
+			p.calls++
+			res, err := allocation.Allocate(ctx, p.features, sn.state, p.classes, p.subset(sn, list), p.cel, sn.node, claims)
+			if err != nil {
+				// Let the allocator report it as it would over all devices.
+				p.calls++
+				res, err := allocation.Allocate(ctx, p.features, sn.state, p.classes, sn.slices, p.cel, sn.node, claims)
+				return res, true, err
+			}
+			if res != nil && len(res[0].Devices.Results) == 1 && res[0].Devices.Results[0].Request == a.result {
+				r := res[0].Devices.Results[0]
+				if all || p.firstAvailable(sn, cands, in, sn.positions[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)], a.blockKey) {
+					return res, true, nil
+				}
+				continue
+			}
+			// Nothing in the list could be allocated for the alternative:
+			// its counter sets are blocked for it until they change.
+			for pos := range in {
+				if cs := sn.counterSets[pos]; len(cs) == 1 {
+					sn.blockedAt[blockKey{a.blockKey, cs[0]}] = sn.setVersion[cs[0]] + 1
+				}
+			}
+			if all {
+				p.altFailed(sn, a)
+				break
+			}
+		}
+	}
+	return nil, true, nil
+}
+
+// groupPrefix returns the candidates of the first groups (in the
+// allocator's order) that may be allocated: a group is the candidates of
+// one counter set; those that consume no or several counter sets are one
+// more group. Candidates allocated exclusively (the allocator never takes them)
+// and those of blocked counter sets are left out. The allocated devices
+// that share counter sets with the listed ones are added, since the
+// allocator derives counters from them; the list is in the allocator's
+// order. in holds the listed candidates; all says whether every candidate
+// left in is listed.
+func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt string) (list []devPos, in map[devPos]bool, all bool) {
+	chosen := map[string]bool{}
+	in = map[devPos]bool{}
+	all = true
+	for _, pos := range cands {
+		if p.unavailable(sn, pos, alt) {
+			continue
+		}
+		g := groupOf(sn, pos)
+		if !chosen[g] {
+			if len(chosen) == groups {
+				all = false
+				continue
+			}
+			chosen[g] = true
+		}
+		list = append(list, pos)
+		in[pos] = true
+	}
+	sets := map[string]bool{}
+	for _, pos := range list {
+		for _, cs := range sn.counterSets[pos] {
+			sets[cs] = true
+		}
+	}
+	if len(sets) > 0 {
+		for id := range sn.held {
+			pos, ok := sn.positions[id]
+			if !ok || in[pos] {
+				continue
+			}
+			for _, cs := range sn.counterSets[pos] {
+				if sets[cs] {
+					list = append(list, pos)
+					break
+				}
+			}
+		}
+		slices.SortFunc(list, func(a, b devPos) int {
+			if a.slice != b.slice {
+				return a.slice - b.slice
+			}
+			return a.device - b.device
+		})
+	}
+	return list, in, all
+}
+
+func groupOf(sn *placeNode, pos devPos) string {
+	if cs := sn.counterSets[pos]; len(cs) == 1 {
+		return cs[0]
+	}
+	return "" // all others are one group
+}
+
+// unavailable says whether the allocator cannot take the candidate for
+// the alternative: it is allocated exclusively, or its counter set is
+// blocked for the alternative.
+func (p *placer) unavailable(sn *placeNode, pos devPos, alt string) bool {
+	s := sn.slices[pos.slice]
+	return sn.state.AllocatedDevices.Has(structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, s.Spec.Devices[pos.device].Name)) || p.blocked(sn, alt, pos)
+}
+
+// firstAvailable says whether every candidate before the chosen one that
+// was not listed is unavailable, i.e. the allocator over all devices
+// would have chosen the same.
+func (p *placer) firstAvailable(sn *placeNode, cands []devPos, in map[devPos]bool, chosen devPos, alt string) bool {
+	for _, pos := range cands {
+		if pos == chosen {
+			return true
+		}
+		if !in[pos] && !p.unavailable(sn, pos, alt) {
+			return false
+		}
+	}
+	return false
+}
+
+// subset returns the node's slices (all of them, so pools stay complete)
+// with only the listed devices.
+func (p *placer) subset(sn *placeNode, list []devPos) []*resourceapi.ResourceSlice {
+	out := make([]*resourceapi.ResourceSlice, len(sn.slices))
+	k := 0
+	for i, s := range sn.slices {
+		var keep []resourceapi.Device
+		for k < len(list) && list[k].slice == i {
+			keep = append(keep, s.Spec.Devices[list[k].device])
+			k++
+		}
+		if len(keep) == len(s.Spec.Devices) {
+			out[i] = s
+			continue
+		}
+		c := *s
+		c.Spec.Devices = keep
+		out[i] = &c
+	}
+	return out
+}
+
+// altKnownToFail says whether the alternative, or one it implies, failed
+// on the node in its current state.
+func (p *placer) altKnownToFail(sn *placeNode, a alternative) bool {
+	if sn.altFailsAt != sn.version {
+		return false
+	}
+	return slices.ContainsFunc(sn.altFails[a.key], func(f map[resourceapi.QualifiedName]resource.Quantity) bool { return capsAtLeast(a.caps, f) })
+}
+
+// altFailed records that the alternative found no device on the node as
+// it is.
+func (p *placer) altFailed(sn *placeNode, a alternative) {
+	if sn.altFailsAt != sn.version || sn.altFails == nil {
+		sn.altFails, sn.altFailsAt = map[string][]map[resourceapi.QualifiedName]resource.Quantity{}, sn.version
+	}
+	sn.altFails[a.key] = append(sn.altFails[a.key], a.caps)
+}
+
+// blockKey is an alternative (with its capacity requests) on a counter
+// set: none of the devices of the counter set that the alternative
+// selects could be allocated for it when the set was at a version.
+type blockKey struct {
+	alt, counterSet string
+}
+
+// blocked says whether the device is of a counter set on which the
+// alternative found nothing, and the counter set's allocations have not
+// changed since. Whether a device that consumes only that counter set can
+// be allocated depends on the allocation state of the devices consuming
+// it (the device included) and nothing else of the node, so it cannot
+// have changed either.
+func (p *placer) blocked(sn *placeNode, alt string, pos devPos) bool {
+	cs := sn.counterSets[pos]
+	if len(cs) != 1 {
+		return false
+	}
+	v, ok := sn.blockedAt[blockKey{alt, cs[0]}]
+	return ok && v == sn.setVersion[cs[0]]+1
+}
+
+// touched bumps the versions of the counter sets the allocation's devices
+// consume.
+func (p *placer) touched(sn *placeNode, a *resourceapi.AllocationResult) {
+	if sn.positions == nil {
+		return
+	}
+	for _, r := range a.Devices.Results {
+		if pos, ok := sn.positions[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)]; ok {
+			for _, cs := range sn.counterSets[pos] {
+				sn.setVersion[cs]++
+			}
+		}
+	}
 }
