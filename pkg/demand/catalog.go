@@ -62,6 +62,8 @@ type Catalog struct {
 	// same claims are estimated many times in a cycle.
 	mu      sync.Mutex
 	results map[selectorOnDevice]bool
+	// ours remembers IsOurClass per class object.
+	ours map[*resourceapi.DeviceClass]bool
 }
 
 type selectorOnDevice struct {
@@ -230,6 +232,23 @@ func (c *Catalog) NodeDevices(node string) []*Device { return c.perNode[node] }
 // ClassSelectsDriver when the selectors decide on the driver, else by
 // whether they select a device the driver publishes.
 func (c *Catalog) IsOurClass(ctx context.Context, dc *resourceapi.DeviceClass) bool {
+	c.mu.Lock()
+	ours, known := c.ours[dc]
+	c.mu.Unlock()
+	if known {
+		return ours
+	}
+	ours = c.isOurClass(ctx, dc)
+	c.mu.Lock()
+	if c.ours == nil {
+		c.ours = map[*resourceapi.DeviceClass]bool{}
+	}
+	c.ours[dc] = ours
+	c.mu.Unlock()
+	return ours
+}
+
+func (c *Catalog) isOurClass(ctx context.Context, dc *resourceapi.DeviceClass) bool {
 	if selects, decided := ClassSelectsDriver(ctx, c.cache, dc, c.Driver); decided {
 		return selects
 	}
