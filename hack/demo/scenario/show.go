@@ -251,8 +251,9 @@ func Verify(pls []Placement) (checked []string, problems []string) {
 }
 
 // showUsage is the showdown's ending: what each pod's claim was allocated
-// next to what its process uses, once the kubelet plugin has sampled every
-// claim (the table `kubectl tessera top` prints).
+// next to what its process uses, once the kubelet plugin has seen the
+// process of every claim (each showdown pod runs one), as the table
+// `kubectl tessera top` prints.
 func showUsage(ctx context.Context, r *Run) error {
 	r.printf("  allocated vs used (the plugin samples each claim's processes; $ kubectl tessera top -n %s):\n", r.Namespace)
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -273,7 +274,9 @@ func showUsage(ctx context.Context, r *Run) error {
 		rows := top.Claims(claims.Items, byName, Driver)
 		sampled := 0
 		for _, row := range rows {
-			sampled += row.Sampled
+			if row.Processes > 0 {
+				sampled++
+			}
 		}
 		if len(rows) > 0 && sampled == len(rows) {
 			if err := top.Sort(rows, top.SortWaste); err != nil {
@@ -288,7 +291,7 @@ func showUsage(ctx context.Context, r *Run) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("after a minute %d of %d claims have a usage sample (is the plugin sampling? --usage-interval)", sampled, len(rows))
+			return fmt.Errorf("after a minute the plugin has seen the processes of %d of %d claims (is it sampling? --usage-interval, --host-proc-root)", sampled, len(rows))
 		case <-time.After(time.Second):
 		}
 	}
