@@ -98,7 +98,7 @@ func publication(_ context.Context, r *report) error {
 // with 100 compute processes.
 func usageSampling(_ context.Context, r *report) error {
 	n := r.iterations("2000x", "20x")
-	g := goBenchRun{pkg: "./pkg/usage/", pattern: "Sample$", benchtime: n}
+	g := goBenchRun{pkg: "./pkg/usage/", pattern: "Sample", benchtime: n}
 	r.printf("\n## Usage sampling: 8 GPUs, 100 compute processes\n\n")
 	r.printf("One pass of the kubelet plugin's usage sampler (docs/observability.md): NVML's compute processes and SM samples of every GPU (mock NVML: 8 x T4, 100 processes) and `/proc/<pid>/cgroup` of each process (files in a temp directory laid out like `/proc`), mapped to pod and container. Attribution to claims, metrics and status writes are not in it: they are map lookups per process.\n\nCommand: `%s`\n\n", g.command())
 	res, err := g.run()
@@ -106,7 +106,10 @@ func usageSampling(_ context.Context, r *report) error {
 		return err
 	}
 	d := time.Duration(res["Sample"].Figures["ns/op"])
-	r.printf("| GPUs | processes | time per pass |\n|---:|---:|---:|\n| 8 | 100 | %s |\n", d.Round(10*time.Microsecond))
+	cold := time.Duration(res["SampleCold"].Figures["ns/op"])
+	r.printf("| GPUs | processes | pass | time per pass |\n|---:|---:|---|---:|\n")
+	r.printf("| 8 | 100 | steady state (the processes of the last pass keep their pod) | %s |\n", d.Round(10*time.Microsecond))
+	r.printf("| 8 | 100 | cold (every process looked up in /proc, as after a start) | %s |\n", cold.Round(10*time.Microsecond))
 	r.target("usage sampling pass, 8 GPUs x 100 processes", "< 5 ms", d.Round(10*time.Microsecond).String(), d < 5*time.Millisecond)
 	return nil
 }
