@@ -76,6 +76,7 @@ func main() {
 		{"prepare", prepareLatency},
 		{"admission", admissionThroughput},
 		{"publication", publication},
+		{"usage sampling", usageSampling},
 		{"pod start", func(ctx context.Context, r *report) error { return podStartLatency(ctx, r, *podStart) }},
 	}
 	failed := false

@@ -44,18 +44,10 @@ func TestDemoQueues(t *testing.T) {
 	for _, f := range files {
 		step := filepath.Base(f)
 		for _, obj := range decodeAll(t, f) {
+			if addDemoObject(w, obj) {
+				continue
+			}
 			switch o := obj.(type) {
-			case *v1alpha1.Queue:
-				w.queue(o)
-			case *resourceapi.ResourceClaimTemplate:
-				o.Namespace = "ns"
-				// What the API server defaults.
-				for i := range o.Spec.Spec.Devices.Requests {
-					if ex := o.Spec.Spec.Devices.Requests[i].Exactly; ex != nil && ex.AllocationMode == "" {
-						ex.AllocationMode, ex.Count = resourceapi.DeviceAllocationModeExactCount, 1
-					}
-				}
-				w.template(o)
 			case *corev1.Pod:
 				expect[o.Name] = o.Annotations["demo.tessera.dev/expect"]
 				if existing := findPod(w, o.Name); existing != nil {
@@ -117,6 +109,27 @@ func TestDemoQueues(t *testing.T) {
 	if p := findPod(w, "b-1"); p == nil || p.DeletionTimestamp != nil {
 		t.Error("b-1 was reclaimed: team-b would have gone below its quota")
 	}
+}
+
+// addDemoObject adds a demo file's Queue or claim template to the world
+// (templates in namespace "ns", defaulted as the API server does); false
+// for other objects.
+func addDemoObject(w *world, obj any) bool {
+	switch o := obj.(type) {
+	case *v1alpha1.Queue:
+		w.queue(o)
+	case *resourceapi.ResourceClaimTemplate:
+		o.Namespace = "ns"
+		for i := range o.Spec.Spec.Devices.Requests {
+			if ex := o.Spec.Spec.Devices.Requests[i].Exactly; ex != nil && ex.AllocationMode == "" {
+				ex.AllocationMode, ex.Count = resourceapi.DeviceAllocationModeExactCount, 1
+			}
+		}
+		w.template(o)
+	default:
+		return false
+	}
+	return true
 }
 
 func findPod(w *world, name string) *corev1.Pod {

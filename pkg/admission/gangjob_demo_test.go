@@ -8,7 +8,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
@@ -31,17 +30,10 @@ func TestDemoGangJob(t *testing.T) {
 	jobs := map[string][]string{}
 	for _, f := range files {
 		for _, obj := range decodeAll(t, f) {
+			if addDemoObject(w, obj) {
+				continue
+			}
 			switch o := obj.(type) {
-			case *v1alpha1.Queue:
-				w.queue(o)
-			case *resourceapi.ResourceClaimTemplate:
-				o.Namespace = "ns"
-				for i := range o.Spec.Spec.Devices.Requests {
-					if ex := o.Spec.Spec.Devices.Requests[i].Exactly; ex != nil && ex.AllocationMode == "" {
-						ex.AllocationMode, ex.Count = resourceapi.DeviceAllocationModeExactCount, 1
-					}
-				}
-				w.template(o)
 			case *batchv1.Job:
 				for i := range int(*o.Spec.Parallelism) {
 					p := &corev1.Pod{ObjectMeta: *o.Spec.Template.ObjectMeta.DeepCopy(), Spec: *o.Spec.Template.Spec.DeepCopy()}

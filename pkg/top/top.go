@@ -45,8 +45,9 @@ type Row struct {
 	// SampledAllocated is the allocation of the sampled claims: waste and
 	// the used ratio are computed against it.
 	SampledAllocated uint64
-	// SM is the claims' SM utilization (percent of a device, summed).
-	SM int
+	// SM is the claims' SM utilization (percent of a device, summed);
+	// Processes counts their processes on the devices.
+	SM, Processes int
 }
 
 // Waste is memory allocated to sampled claims and not used.
@@ -91,6 +92,7 @@ func Claims(claims []resourceapi.ResourceClaim, pods map[string]*corev1.Pod, dri
 				sampled = true
 				row.Used += st.Usage.MemoryUsedBytes
 				row.SM += st.Usage.SMUtilizationPercent
+				row.Processes += st.Usage.Processes
 			}
 		}
 		if sampled {
@@ -148,6 +150,7 @@ func Group(rows []Row, by string) ([]Row, error) {
 		g.Sampled += r.Sampled
 		g.SampledAllocated += r.SampledAllocated
 		g.SM += r.SM
+		g.Processes += r.Processes
 		g.Used += r.Used
 	}
 	out := make([]Row, 0, len(order))

@@ -58,13 +58,24 @@ type Sampler struct {
 	// lastSeen is the newest utilization sample per device, so that each
 	// pass reads only newer ones.
 	lastSeen map[string]uint64
+	// owners are the owners of the PIDs of the last pass; seen those of
+	// this pass. A PID listed by NVML in two passes in a row keeps the
+	// owner read the first time (its process would have to end and a new
+	// GPU process take its PID within one interval to be mistaken); one
+	// that drops out is forgotten.
+	owners, seen map[uint32]owner
+}
+
+type owner struct {
+	o  Owner
+	ok bool
 }
 
 // NewSampler samples through an initialised NVML; procRoot is where the
 // host's /proc is mounted ("/proc" when the plugin shares the host's PID
 // namespace or runs on the host).
 func NewSampler(lib nvml.Interface, procRoot string) *Sampler {
-	return &Sampler{lib: lib, procRoot: procRoot, lastSeen: map[string]uint64{}}
+	return &Sampler{lib: lib, procRoot: procRoot, lastSeen: map[string]uint64{}, owners: map[uint32]owner{}}
 }
 
 // Sample takes one pass over every GPU and MIG device. A device that
@@ -76,6 +87,8 @@ func (s *Sampler) Sample(ctx context.Context) (*Sample, error) {
 		return nil, fmt.Errorf("NVML device count: %s", nvml.ErrorString(ret))
 	}
 	out := &Sample{At: time.Now()}
+	s.seen = make(map[uint32]owner, len(s.owners))
+	defer func() { s.owners = s.seen }()
 	for i := range n {
 		dev, ret := s.lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -129,9 +142,14 @@ func (s *Sampler) device(ctx context.Context, out []Process, dev nvml.Device, uu
 	}
 	for _, p := range procs {
 		pr := Process{PID: p.Pid, Device: uuid, GPU: gpu, UsedMemory: p.UsedGpuMemory, SMUtil: min(sm[p.Pid], 100)}
-		if data, err := os.ReadFile(filepath.Join(s.procRoot, strconv.FormatUint(uint64(p.Pid), 10), "cgroup")); err == nil {
-			pr.Owner, pr.Owned = OwnerFromCgroup(string(data))
+		ow, known := s.owners[p.Pid]
+		if !known {
+			if data, err := os.ReadFile(filepath.Join(s.procRoot, strconv.FormatUint(uint64(p.Pid), 10), "cgroup")); err == nil {
+				ow.o, ow.ok = OwnerFromCgroup(string(data))
+			}
 		}
+		s.seen[p.Pid] = ow
+		pr.Owner, pr.Owned = ow.o, ow.ok
 		out = append(out, pr)
 	}
 	return out

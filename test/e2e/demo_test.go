@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/tessera-dev/tessera/hack/demo/scenario"
 )
@@ -72,6 +73,28 @@ func TestDemoShowdown(t *testing.T) {
 	}
 	if total != mib(15000) {
 		t.Errorf("gpu-0 carries %d bytes of shares, want 15000Mi", total)
+	}
+	// The showdown ends with allocated vs used per claim: the table of
+	// `kubectl tessera top`, once the plugin sampled every claim.
+	var out strings.Builder
+	r.Out = &out
+	s, _ := scenario.Find("showdown")
+	if err := s.After(t.Context(), r); err != nil {
+		t.Fatalf("allocated vs used: %v", err)
+	}
+	t.Logf("%s", out.String())
+	used := map[string]string{"inference-1": "600Mi", "inference-2": "700Mi", "training": "5000Mi", "preprocessing": "800Mi"}
+	for name, u := range used {
+		var row string
+		for _, l := range strings.Split(out.String(), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[2] == name {
+				row = l
+			}
+		}
+		alloc := scenario.FormatMemory(resource.NewQuantity(mib(want[name]), resource.BinarySI))
+		if !strings.Contains(row, alloc) || !strings.Contains(row, u) {
+			t.Errorf("%s: row %q, want %s allocated and %s used", name, row, alloc, u)
+		}
 	}
 	cleanupAndCheck(t, r, files)
 }

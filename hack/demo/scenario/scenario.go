@@ -70,8 +70,10 @@ var Scenarios = []Scenario{
 			"inference 2000Mi x 2, training 8000Mi and preprocessing 3000Mi ask for memory shares;",
 			"15000Mi in all fits the 15104Mi a T4 publishes (16 GB minus a 256Mi reserve): the node has one T4,",
 			"gpu-0, and all four share it. Each container prints the limits the plugin gave it: they equal its share.",
+			"Then what each really uses (the mock's processes use 600Mi to 5000Mi): allocated vs used, per claim.",
 		},
 		Plugin: localcluster.PluginConfig{Profile: "t4:1"},
+		After:  showUsage,
 	},
 	{
 		Name:  "whole-gpu",

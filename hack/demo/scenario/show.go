@@ -12,6 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-dev/tessera/pkg/top"
 )
 
 // FormatMemory prints a byte quantity in the largest binary unit that
@@ -246,4 +248,51 @@ func Verify(pls []Placement) (checked []string, problems []string) {
 		checked = append(checked, fmt.Sprintf("in all %d running containers the memory limit equals the allocation and the visible device is the allocated one", n))
 	}
 	return checked, problems
+}
+
+// showUsage is the showdown's ending: what each pod's claim was allocated
+// next to what its process uses, once the kubelet plugin has seen the
+// process of every claim (each showdown pod runs one), as the table
+// `kubectl tessera top` prints.
+func showUsage(ctx context.Context, r *Run) error {
+	r.printf("  allocated vs used (the plugin samples each claim's processes; $ kubectl tessera top -n %s):\n", r.Namespace)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		claims, err := r.Client.ResourceV1().ResourceClaims(r.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		pods, err := r.Client.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		byName := map[string]*corev1.Pod{}
+		for i := range pods.Items {
+			byName[r.Namespace+"/"+pods.Items[i].Name] = &pods.Items[i]
+		}
+		rows := top.Claims(claims.Items, byName, Driver)
+		sampled := 0
+		for _, row := range rows {
+			if row.Processes > 0 {
+				sampled++
+			}
+		}
+		if len(rows) > 0 && sampled == len(rows) {
+			if err := top.Sort(rows, top.SortWaste); err != nil {
+				return err
+			}
+			var buf strings.Builder
+			if err := top.Print(&buf, rows, top.ByClaim); err != nil {
+				return err
+			}
+			r.printf("%s", indent(buf.String(), "    "))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("after a minute the plugin has seen the processes of %d of %d claims (is it sampling? --usage-interval, --host-proc-root)", sampled, len(rows))
+		case <-time.After(time.Second):
+		}
+	}
 }
