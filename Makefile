@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke bench bench-smoke clean help
+.PHONY: all build test unit fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke bench bench-smoke bench-scale clean help
 
 all: build
 
@@ -80,9 +80,13 @@ demo: demo-cluster
 bench:
 	$(GO) run ./hack/bench
 
-## bench-smoke: the same with a small trace and one iteration each, so benchmarks cannot rot
+## bench-smoke: the same with a small trace and one iteration each, plus the scale run's small variant (20 KWOK nodes), so benchmarks cannot rot
 bench-smoke:
 	$(GO) run ./hack/bench --short
+
+## bench-scale: end to end at scale (needs root, < 30 min): 500 KWOK nodes, 4,000 share pods in 10 queues vs the same without, gangs of 64 and 512 vs the same pods ungated; rewrites its section of docs/benchmarks.md (make bench keeps it)
+bench-scale:
+	$(GO) run ./hack/bench --scale
 
 ## clean: remove build outputs
 clean:

@@ -6,6 +6,11 @@
 //	go run ./hack/bench                    # full run (< 15 min on 2 cores)
 //	go run ./hack/bench --short            # small trace, few iterations (make test)
 //	go run ./hack/bench --pod-start=off    # skip the local-cluster measurement
+//	go run ./hack/bench --scale            # only the KWOK scale run (make bench-scale, < 30 min):
+//	                                       # rewrites its own section of the report, keeps the rest
+//
+// make bench keeps the scale section of the report it rewrites; the short
+// run ends with the scale run's small variant (scale.Small).
 package main
 
 import (
@@ -18,6 +23,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/tessera-dev/tessera/test/scale"
 )
 
 // target is one goal of the benchmarks and how this run did.
@@ -63,10 +70,31 @@ func main() {
 	short := flag.Bool("short", false, "small traces and few iterations (make test): checks that every benchmark still runs, writes nothing")
 	out := flag.String("out", "docs/benchmarks.md", "report to write (plots go to img/ next to it)")
 	podStart := flag.String("pod-start", "auto", "pod start latency on the local cluster: on, off, or auto (on when root and the cluster binaries are built)")
+	scaleOnly := flag.Bool("scale", false, "run only the end-to-end scale benchmark on KWOK nodes and rewrite its section of --out")
+	scaleSize := flag.String("scale-size", "full", "size of the --scale run: full (500 nodes, 4,000 pods) or small (the smoke variant)")
 	flag.Parse()
 	ctx := context.Background()
 	start := time.Now()
 	r := &report{short: *short, dir: filepath.Dir(*out)}
+	if *scaleOnly {
+		cfg := scale.Default()
+		if *scaleSize == "small" {
+			cfg = scale.Small()
+		}
+		section, err := scaleSection(ctx, cfg, r.dir, false)
+		if err != nil {
+			fail(err)
+		}
+		doc, err := os.ReadFile(*out)
+		if err != nil && !os.IsNotExist(err) {
+			fail(err)
+		}
+		if err := os.WriteFile(*out, []byte(spliceScale(string(doc), section)), 0o644); err != nil {
+			fail(err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: wrote the scale section of %s in %s\n", *out, time.Since(start).Round(time.Second))
+		return
+	}
 
 	sections := []struct {
 		name string
@@ -78,6 +106,12 @@ func main() {
 		{"publication", publication},
 		{"usage sampling", usageSampling},
 		{"pod start", func(ctx context.Context, r *report) error { return podStartLatency(ctx, r, *podStart) }},
+	}
+	if *short {
+		sections = append(sections, struct {
+			name string
+			run  func(context.Context, *report) error
+		}{"scale (small)", scaleSmoke})
 	}
 	failed := false
 	for _, s := range sections {
@@ -104,6 +138,9 @@ func main() {
 		fmt.Fprintf(&doc, "| %s | %s | %s | %s |\n", t.what, t.goal, t.measured, t.verdict)
 	}
 	doc.Write(r.body.Bytes())
+	if kept := keptScale(*out); kept != "" && !*short {
+		fmt.Fprintf(&doc, "\n%s", kept)
+	}
 
 	if *short {
 		fmt.Print(doc.String())

@@ -48,3 +48,32 @@ func PlotBars(path, title, ylabel, format string, results []Result, value func(R
 	p.NominalX(names...)
 	return p.Save(7*vg.Inch, 4*vg.Inch, path)
 }
+
+// Series is one line of PlotLines.
+type Series struct {
+	Name   string
+	Points []plotter.XY
+}
+
+// PlotLines writes a PNG line chart of the series, with a legend.
+func PlotLines(path, title, xlabel, ylabel string, series []Series) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xlabel
+	p.Y.Label.Text = ylabel
+	p.Legend.Top = true
+	p.Legend.Left = true
+	colors := []color.RGBA{{R: 0x2b, G: 0x6c, B: 0xb0, A: 0xff}, {R: 0xd9, G: 0x5f, B: 0x02, A: 0xff}, {R: 0x1b, G: 0x9e, B: 0x77, A: 0xff}, {R: 0x75, G: 0x70, B: 0xb3, A: 0xff}}
+	for i, s := range series {
+		line, err := plotter.NewLine(plotter.XYs(s.Points))
+		if err != nil {
+			return fmt.Errorf("plot %s: %s: %w", path, s.Name, err)
+		}
+		line.Color = colors[i%len(colors)]
+		line.Width = vg.Points(2)
+		p.Add(line)
+		p.Legend.Add(s.Name, line)
+	}
+	p.Add(plotter.NewGrid())
+	return p.Save(7*vg.Inch, 4*vg.Inch, path)
+}

@@ -29,6 +29,11 @@ type Binaries struct {
 	Runc                  string
 	CNILoopback           string
 	Busybox               string
+	// Kwok is the kwok controller; KwokStages its default Stages (node
+	// initialisation and heartbeat with leases, pod ready, complete and
+	// delete), copied from the same module version.
+	Kwok       string
+	KwokStages string
 }
 
 // CacheDir is where built binaries and the throwaway build modules live:
@@ -79,6 +84,9 @@ func EnsureBinaries(ctx context.Context, logf Logf) (*Binaries, error) {
 	if err := buildContainerd(ctx, logf, ctrd); err != nil {
 		return nil, fmt.Errorf("building containerd %s: %w", ContainerdVersion, err)
 	}
+	if err := buildKwok(ctx, logf, filepath.Dir(b.Kwok)); err != nil {
+		return nil, fmt.Errorf("building kwok %s: %w", KwokVersion, err)
+	}
 	return b, nil
 }
 
@@ -87,6 +95,7 @@ func binaryPaths() *Binaries {
 	k8s := binDir("kubernetes", KubernetesVersion)
 	etcd := binDir("etcd", EtcdVersion)
 	ctrd := binDir("containerd", ContainerdVersion)
+	kwok := binDir("kwok", KwokVersion)
 	return &Binaries{
 		KubeAPIServer:         filepath.Join(k8s, "kube-apiserver"),
 		KubeControllerManager: filepath.Join(k8s, "kube-controller-manager"),
@@ -100,6 +109,8 @@ func binaryPaths() *Binaries {
 		Runc:                  "/usr/sbin/runc",
 		CNILoopback:           "/usr/lib/cni/loopback",
 		Busybox:               "/bin/busybox",
+		Kwok:                  filepath.Join(kwok, "kwok"),
+		KwokStages:            filepath.Join(kwok, kwokStagesFile),
 	}
 }
 
@@ -294,19 +305,9 @@ func buildOnce(ctx context.Context, logf Logf, component, version, dst string, p
 // stagingModules lists the modules that k8s.io/kubernetes replaces with its
 // ./staging directories.
 func stagingModules(ctx context.Context, work string) ([]string, error) {
-	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", "k8s.io/kubernetes@"+KubernetesVersion)
-	cmd.Dir = work
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	out, err := cmd.Output()
+	info, err := downloadModule(ctx, work, "k8s.io/kubernetes@"+KubernetesVersion)
 	if err != nil {
-		return nil, fmt.Errorf("go mod download k8s.io/kubernetes@%s: %w", KubernetesVersion, err)
-	}
-	var info struct{ GoMod, Error string }
-	if err := json.Unmarshal(out, &info); err != nil {
 		return nil, err
-	}
-	if info.Error != "" {
-		return nil, errors.New(info.Error)
 	}
 	f, err := os.Open(info.GoMod)
 	if err != nil {
@@ -325,6 +326,28 @@ func stagingModules(ctx context.Context, work string) ([]string, error) {
 		return nil, fmt.Errorf("no staging replaces found in %s", info.GoMod)
 	}
 	return mods, sc.Err()
+}
+
+// moduleInfo is what `go mod download -json` says of a module version.
+type moduleInfo struct{ Dir, GoMod, Error string }
+
+// downloadModule downloads a module version into the module cache.
+func downloadModule(ctx context.Context, work, modVersion string) (*moduleInfo, error) {
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", modVersion)
+	cmd.Dir = work
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go mod download %s: %w", modVersion, err)
+	}
+	var info moduleInfo
+	if err := json.Unmarshal(out, &info); err != nil {
+		return nil, err
+	}
+	if info.Error != "" {
+		return nil, errors.New(info.Error)
+	}
+	return &info, nil
 }
 
 func writeToolsFile(dir string, pkgs []string) error {
@@ -387,7 +410,7 @@ func progress(every time.Duration, report func(elapsed time.Duration)) (stop fun
 // built, so that bringing a cluster up does not start a long build.
 func BinariesCached() bool {
 	b := binaryPaths()
-	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim} {
+	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim, b.Kwok, b.KwokStages} {
 		if _, err := os.Stat(p); err != nil {
 			return false
 		}

@@ -394,7 +394,22 @@ func (c *Cluster) chartValues(st chartState) (map[string]any, error) {
 		ctl["extraArgs"] = c.Opts.ControllerArgs
 	}
 	// The chart refuses webhooks without the controller that serves them.
-	return map[string]any{"kubeletPlugin": kp, "controller": ctl, "webhook": map[string]any{"enabled": st.controller}}, nil
+	vals := map[string]any{"kubeletPlugin": kp, "controller": ctl, "webhook": map[string]any{"enabled": st.controller}}
+	mergeValues(vals, c.Opts.ChartValues)
+	return vals, nil
+}
+
+// mergeValues merges src into dst: maps key by key, anything else replaced.
+func mergeValues(dst, src map[string]any) {
+	for k, v := range src {
+		if sv, ok := v.(map[string]any); ok {
+			if dv, ok := dst[k].(map[string]any); ok {
+				mergeValues(dv, sv)
+				continue
+			}
+		}
+		dst[k] = v
+	}
 }
 
 // helmInstall runs `helm upgrade --install` of the chart with

@@ -70,6 +70,14 @@ type Options struct {
 	// ControllerArgs are appended to the controller's command line (in
 	// chart mode: controller.extraArgs).
 	ControllerArgs []string
+	// ComponentArgs are appended to an upstream component's command line,
+	// by component name (kube-apiserver, kube-controller-manager,
+	// kube-scheduler, kubelet): the scale benchmarks lift client rate limits
+	// as kwokctl's --disable-qps-limits does.
+	ComponentArgs map[string][]string
+	// ChartValues are merged over the harness's own chart values (chart
+	// mode), e.g. {"controller": {"logVerbosity": 2}}.
+	ChartValues map[string]any
 	// KeepOnFailure leaves a cluster that failed to come up running for
 	// inspection instead of tearing it down.
 	KeepOnFailure bool
@@ -364,7 +372,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if err := c.start(compAPIServer, c.Bin.KubeAPIServer, []string{
+	if err := c.start(compAPIServer, c.Bin.KubeAPIServer, c.args([]string{
 		"--etcd-servers=" + fmt.Sprintf("http://127.0.0.1:%d", EtcdClientPort),
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -387,7 +395,7 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--runtime-config=" + RuntimeConfig,
 		"--feature-gates=" + featureGateFlag(),
 		"--v=1",
-	}, env); err != nil {
+	}, compAPIServer), env); err != nil {
 		return err
 	}
 	if err := c.waitFor(ctx, "containerd socket", 60*time.Second, []string{compContainerd}, func() (bool, error) {
@@ -418,7 +426,7 @@ func (c *Cluster) up(ctx context.Context) error {
 		return err
 	}
 	kc := func(id identity) string { return filepath.Join(d.Kubeconfigs, id.name+".kubeconfig") }
-	if err := c.start(compCM, c.Bin.KubeControllerManager, []string{
+	if err := c.start(compCM, c.Bin.KubeControllerManager, c.args([]string{
 		"--kubeconfig=" + kc(cmIdentity),
 		"--authentication-kubeconfig=" + kc(cmIdentity),
 		"--authorization-kubeconfig=" + kc(cmIdentity),
@@ -433,10 +441,10 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--leader-elect=false",
 		"--feature-gates=" + featureGateFlag(),
 		"--v=1",
-	}, env); err != nil {
+	}, compCM), env); err != nil {
 		return err
 	}
-	if err := c.start(compScheduler, c.Bin.KubeScheduler, []string{
+	if err := c.start(compScheduler, c.Bin.KubeScheduler, c.args([]string{
 		"--kubeconfig=" + kc(schedulerIdentity),
 		"--authentication-kubeconfig=" + kc(schedulerIdentity),
 		"--authorization-kubeconfig=" + kc(schedulerIdentity),
@@ -446,19 +454,19 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--leader-elect=false",
 		"--feature-gates=" + featureGateFlag(),
 		"--v=1",
-	}, env); err != nil {
+	}, compScheduler), env); err != nil {
 		return err
 	}
 	if err := c.recordHostState(); err != nil {
 		return err
 	}
-	if err := c.start(compKubelet, c.Bin.Kubelet, []string{
+	if err := c.start(compKubelet, c.Bin.Kubelet, c.args([]string{
 		"--config=" + d.KubeletConfig,
 		"--kubeconfig=" + kc(kubeletIdentity),
 		"--hostname-override=" + NodeName,
 		"--root-dir=" + KubeletRootDir,
 		"--v=2", // DRA plugin registration ("Connection changed") is logged at 2
-	}, env); err != nil {
+	}, compKubelet), env); err != nil {
 		return err
 	}
 	core := []string{compEtcd, compContainerd, compAPIServer, compCM, compScheduler, compKubelet}
@@ -523,6 +531,11 @@ func (c *Cluster) up(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// args appends Options.ComponentArgs of component to its own arguments.
+func (c *Cluster) args(own []string, component string) []string {
+	return append(own, c.Opts.ComponentArgs[component]...)
 }
 
 // connect makes the admin clientset.
@@ -670,7 +683,7 @@ func (c *Cluster) Status() []ComponentStatus {
 	return out
 }
 
-var allComponents = []string{compEtcd, compContainerd, compAPIServer, compCM, compScheduler, compKubelet, compPlugin, compController}
+var allComponents = []string{compEtcd, compContainerd, compAPIServer, compCM, compScheduler, compKubelet, compPlugin, compController, compKwok}
 
 // ArchiveLogs copies every component log into <work>/archive/<time>-<reason>
 // and returns that directory. The five newest archives are kept.

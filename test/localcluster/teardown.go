@@ -60,7 +60,7 @@ func (c *Cluster) Down() error {
 	}
 
 	// 1. Controllers: nothing may create new pods or claims meanwhile.
-	for _, n := range []string{compController, compCM, compScheduler} {
+	for _, n := range []string{compController, compCM, compScheduler, compKwok} {
 		note(c.stop(n, 10*time.Second))
 	}
 	// 2. Pods, while kubelet and plugin still run; the driver's own last
@@ -134,9 +134,21 @@ func (c *Cluster) deletePods(ctx context.Context, driverPods bool) error {
 		return err
 	}
 	c.logf("deleting %d pod(s) so the kubelet unprepares their claims", len(pods))
-	grace := int64(2)
+	// Pods that are not on the real node (on fake nodes of the scale
+	// benchmarks, or not scheduled) have no kubelet to wait for: delete them
+	// at once, a namespace per call.
+	elsewhere := map[string]bool{}
+	grace, now := int64(2), int64(0)
 	for _, p := range pods {
+		if p.Spec.NodeName != NodeName {
+			elsewhere[p.Namespace] = true
+			continue
+		}
 		_ = c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
+	}
+	for ns := range elsewhere {
+		_ = c.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &now},
+			metav1.ListOptions{FieldSelector: "spec.nodeName!=" + NodeName})
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {

@@ -15,6 +15,9 @@ const (
 	// ContainerdVersion is the github.com/containerd/containerd/v2 release
 	// (containerd, ctr, containerd-shim-runc-v2).
 	ContainerdVersion = "v2.2.1"
+	// KwokVersion is the sigs.k8s.io/kwok release whose kwok controller
+	// simulates nodes for the scale benchmarks (make bench-scale).
+	KwokVersion = "v0.8.0"
 )
 
 // HostPackages are the Debian packages the cluster needs on the host; they are

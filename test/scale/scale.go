@@ -1,0 +1,100 @@
+package scale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tessera-dev/tessera/test/localcluster"
+)
+
+// ControllerMetricsURL is where the chart's controller serves its metrics
+// on the local cluster (deployments/helm/values/localcluster.yaml).
+const ControllerMetricsURL = "http://127.0.0.1:18080/metrics"
+
+// Report is a whole scale run.
+type Report struct {
+	Config      Config
+	GPUsPerNode int
+	// ClusterUp is the bring-up (chart, kwok), Setup the fake nodes,
+	// their slices and the queues.
+	ClusterUp, Setup time.Duration
+	Runs             []*Result
+}
+
+// Find returns the run of the workload named name, or nil.
+func (r *Report) Find(name string) *Result {
+	for _, run := range r.Runs {
+		if run.Name == name {
+			return run
+		}
+	}
+	return nil
+}
+
+// Run brings a local cluster up (ClusterOptions), starts the kwok
+// controller, creates cfg.Nodes fake nodes with the plugin's slices and the
+// queues, measures every workload in turn and tears the cluster down.
+func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (rep *Report, err error) {
+	start := time.Now()
+	cl, err := localcluster.Up(ctx, ClusterOptions(logf))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			if dir, aerr := cl.ArchiveLogs("scale"); aerr == nil {
+				logf("logs archived in %s", dir)
+			}
+		}
+		err = errors.Join(err, cl.Down())
+	}()
+	if err := cl.StartKwok(ctx); err != nil {
+		return nil, err
+	}
+	rep = &Report{Config: cfg, ClusterUp: time.Since(start)}
+	admin, err := clientcmd.BuildConfigFromFlags("", cl.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	// The harness must not be what limits the rate of pod creation.
+	admin.QPS, admin.Burst = 5000, 10000
+	cs, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		return nil, err
+	}
+	s, err := scheme()
+	if err != nil {
+		return nil, err
+	}
+	crc, err := client.New(admin, client.Options{Scheme: s})
+	if err != nil {
+		return nil, err
+	}
+	eps, err := endpoints(admin, ControllerMetricsURL, map[string]int{
+		"scheduler":          localcluster.SchedulerPort,
+		"controller-manager": localcluster.ControllerManagerPort,
+	})
+	if err != nil {
+		return nil, err
+	}
+	setupStart := time.Now()
+	if rep.GPUsPerNode, err = setUp(ctx, cs, crc, cfg, logf); err != nil {
+		return nil, err
+	}
+	rep.Setup = time.Since(setupStart)
+	h := &harness{cfg: cfg, cs: cs, endpoints: eps, logf: logf}
+	for _, w := range workloads(cfg) {
+		run, err := h.measure(ctx, w)
+		if err != nil {
+			return nil, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
+		}
+		rep.Runs = append(rep.Runs, run)
+	}
+	return rep, nil
+}
