@@ -140,7 +140,13 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if whServer != nil {
 		whServer = mgr.GetWebhookServer() // adds it to the manager's runnables
 		decoder := webhook.NewDecoder(scheme)
-		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: decoder, Reader: direct}})
+		// Every pod creation waits for the pod webhook: it reads the
+		// Namespace and the Queue (neither a tenant can change) from the
+		// cache. The Namespace informer starts now, not on the first pod.
+		if _, err := mgr.GetCache().GetInformer(ctx, &corev1.Namespace{}); err != nil {
+			return nil, fmt.Errorf("namespace informer: %w", err)
+		}
+		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: decoder, Reader: webhook.CacheFirst(mgr.GetCache(), direct)}})
 		whServer.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: &webhook.ClaimValidator{Decoder: decoder, Reader: direct, Driver: devicemodel.DriverName, CEL: cel.NewCache(100, cel.Features{})}})
 		whServer.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: decoder, Reader: direct}})
 		if target != nil {
