@@ -111,8 +111,8 @@ func sumCounter(f families, name string, match func(map[string]string) bool) flo
 	return total
 }
 
-// Histogram is a cumulative Histogram: count of observations up to each
-// upper bound, plus the total count and sum.
+// Histogram is a cumulative histogram: the count of observations up to
+// each upper bound, plus the total count and sum.
 type Histogram struct {
 	bounds []float64
 	counts []float64
@@ -179,7 +179,7 @@ func (h Histogram) Quantile(q float64) float64 {
 	for i, b := range h.bounds {
 		if h.counts[i] >= rank {
 			if math.IsInf(b, 1) {
-				return lower // the highest finite bound
+				return b // beyond the highest finite bound (TopBound)
 			}
 			if h.counts[i] == below {
 				return b
@@ -189,6 +189,17 @@ func (h Histogram) Quantile(q float64) float64 {
 		lower, below = b, h.counts[i]
 	}
 	return lower
+}
+
+// TopBound is the highest finite bucket bound.
+func (h Histogram) TopBound() float64 {
+	top := 0.0
+	for _, b := range h.bounds {
+		if !math.IsInf(b, 1) {
+			top = max(top, b)
+		}
+	}
+	return top
 }
 
 func (h Histogram) Mean() float64 {

@@ -87,11 +87,15 @@ func TestHistogramDeltaAndQuantile(t *testing.T) {
 		t.Fatalf("delta count %v sum %v, want 100 and 1.0", h.Count, h.sum)
 	}
 	// 50 observations in (0.001, 0.01], 50 above: the median is the top of
-	// the second bucket, p25 halfway into it, p99 the highest finite bound.
-	for _, tc := range []struct{ q, want float64 }{{0.25, 0.0055}, {0.5, 0.01}, {0.99, 0.01}} {
+	// the second bucket, p25 halfway into it, p99 beyond the highest finite
+	// bound (which is 0.01).
+	for _, tc := range []struct{ q, want float64 }{{0.25, 0.0055}, {0.5, 0.01}, {0.99, math.Inf(1)}} {
 		if got := h.Quantile(tc.q); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("quantile(%v) = %v, want %v", tc.q, got, tc.want)
 		}
+	}
+	if got := h.TopBound(); got != 0.01 {
+		t.Errorf("top bound = %v, want 0.01", got)
 	}
 	if got := h.Mean(); math.Abs(got-0.01) > 1e-9 {
 		t.Errorf("mean = %v, want 0.01", got)

@@ -85,8 +85,11 @@ type Result struct {
 	Created, AllBound time.Duration
 	// Bound are the pods' bind times from the first create call, sorted.
 	Bound []time.Duration
-	// ControllerWrites are the mutating API calls of Tessera's controller.
+	// ControllerWrites are the mutating API calls of Tessera's controller;
+	// Writes those of every component whose client metrics are read
+	// (controller, scheduler, controller-manager), by component.
 	ControllerWrites float64
+	Writes           map[string]float64
 	// APIRequests and APIWrites count the API server's requests;
 	// TopWrites are its mutating requests by verb and resource.
 	APIRequests, APIWrites float64
@@ -199,7 +202,13 @@ func (h *harness) measure(ctx context.Context, w workload) (*Result, error) {
 	mu.Unlock()
 	sort.Slice(r.Bound, func(i, j int) bool { return r.Bound[i] < r.Bound[j] })
 	r.AllBound = r.Bound[len(r.Bound)-1]
-	r.ControllerWrites = clientWrites(before["controller"], after["controller"])
+	r.Writes = map[string]float64{}
+	for _, ep := range h.endpoints {
+		if ep.name != "apiserver" {
+			r.Writes[ep.name] = clientWrites(before[ep.name], after[ep.name])
+		}
+	}
+	r.ControllerWrites = r.Writes["controller"]
 	r.TopWrites, r.APIWrites = apiRequests(before["apiserver"], after["apiserver"], true)
 	_, r.APIRequests = apiRequests(before["apiserver"], after["apiserver"], false)
 	const attempt = "scheduler_scheduling_attempt_duration_seconds"
