@@ -24,6 +24,9 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/tessera-dev/tessera/test/scale"
 )
 
@@ -73,6 +76,8 @@ func main() {
 	scaleOnly := flag.Bool("scale", false, "run only the end-to-end scale benchmark on KWOK nodes and rewrite its section of --out")
 	scaleSize := flag.String("scale-size", "full", "size of the --scale run: full (500 nodes, 4,000 pods) or small (the smoke variant)")
 	flag.Parse()
+	// The scale harness uses a controller-runtime client.
+	ctrllog.SetLogger(klog.Background())
 	ctx := context.Background()
 	start := time.Now()
 	r := &report{short: *short, dir: filepath.Dir(*out)}

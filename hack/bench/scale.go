@@ -66,6 +66,8 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		p("| %s | **%.2fx** | %s vs %s |\n", what, ra.AllBound.Seconds()/rb.AllBound.Seconds(), secs(ra.AllBound), secs(rb.AllBound))
 	}
 	ratio(fmt.Sprintf("(a) share claims and queues vs (b) neither, %d pods", cfg.Pods), "shares", "plain")
+	ratio("(a) share claims and queues vs (a') the same claims without queues: Tessera's admission", "shares", "claims")
+	ratio("(a') share claims without queues vs (b) neither: DRA without Tessera's admission", "claims", "plain")
 	ratio(fmt.Sprintf("(d) one gang of %d vs the same pods ungated at once", cfg.BigGang), "gang", "ungated")
 	ratio(fmt.Sprintf("(c) %d gangs of %d vs %d pods ungated at once", cfg.Gangs, cfg.GangSize, cfg.BigGang), "gangs", "ungated")
 
@@ -118,16 +120,16 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		if err := plotBound(filepath.Join(dir, "img", scalePlot), rep); err != nil {
 			return "", err
 		}
-		p("\n![pods bound over time, (a) and (b)](img/%s)\n", scalePlot)
+		p("\n![pods bound over time, (a), (a') and (b)](img/%s)\n", scalePlot)
 	}
 	p("\n%s\n", scaleEnd)
 	return b.String(), nil
 }
 
-// plotBound plots pods bound over time for (a) and (b).
+// plotBound plots pods bound over time for (a), (a') and (b).
 func plotBound(path string, rep *scale.Report) error {
 	var series []sim.Series
-	for _, name := range []string{"shares", "plain"} {
+	for _, name := range []string{"shares", "claims", "plain"} {
 		r := rep.Find(name)
 		if r == nil {
 			continue

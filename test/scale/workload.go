@@ -31,8 +31,9 @@ type workload struct {
 }
 
 // workloads are the runs in order, each baseline right before what it is
-// compared with: (b) then (a), the 512 ungated whole GPUs then the gangs
-// (c) and (d).
+// compared with: (b), then (a') (the same pods with share claims but no
+// queue: what DRA costs without Tessera's admission), then (a), the 512
+// ungated whole GPUs then the gangs (c) and (d).
 func workloads(cfg Config) []workload {
 	claim := func(p *corev1.Pod, template string) {
 		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &template}}
@@ -47,6 +48,8 @@ func workloads(cfg Config) []workload {
 	return []workload{
 		{name: "plain", title: fmt.Sprintf("(b) %d pods, no claim, no queue", cfg.Pods), pods: cfg.Pods,
 			pod: func(int, *corev1.Pod) {}},
+		{name: "claims", title: fmt.Sprintf("(a') %d pods, a %s share claim each, no queue", cfg.Pods, cfg.Share), pods: cfg.Pods,
+			pod: func(_ int, p *corev1.Pod) { claim(p, shareTemplate) }},
 		{name: "shares", title: fmt.Sprintf("(a) %d pods, a %s share claim each, %d queues", cfg.Pods, cfg.Share, cfg.Queues), pods: cfg.Pods,
 			pod: func(i int, p *corev1.Pod) {
 				p.Labels[tesserav1.QueueLabel] = leafQueue(i % cfg.Queues)
