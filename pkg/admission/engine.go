@@ -132,7 +132,11 @@ type Stats struct {
 	// SharedFailures counts allocator runs skipped because another claim's
 	// failure on the node implies the claim's (see ExactPlacement).
 	SharedFailures int
-	Duration       time.Duration
+	// CELEvaluations counts the selector evaluations of the shortcuts that
+	// no earlier result for the same expression and the same device parts
+	// spared; StrippedCalls the allocator calls without selectors.
+	CELEvaluations, StrippedCalls int
+	Duration                      time.Duration
 }
 
 // Decision is the outcome of one cycle.
@@ -294,6 +298,7 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	}
 	c.dec.Stats.AllocatorCalls = c.cl.calls
 	c.dec.Stats.SharedFailures = c.cl.sharedFailures
+	c.dec.Stats.CELEvaluations, c.dec.Stats.StrippedCalls = c.cl.celEvaluations, c.cl.strippedCalls
 	c.dec.Stats.Duration = time.Since(start)
 	return c.dec, nil
 }

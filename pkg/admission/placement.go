@@ -38,7 +38,9 @@ type placeNode struct {
 	// held counts the allocations of each device (exclusive or shared).
 	held map[structured.DeviceID]int
 	// contentKeys are the content keys of the slices' devices, once needed.
-	contentKeys [][]string
+	contentKeys map[devPos]string
+	convertible map[devPos]bool
+	ids         [][]structured.DeviceID
 	positions   map[structured.DeviceID]devPos
 	counterSets map[devPos][]string
 	// setVersion counts the allocation changes of each counter set;
@@ -69,16 +71,31 @@ type placer struct {
 	fails    map[failKey]uint64
 	fitCache map[filterKey]bool
 	specSigs map[*resourceapi.ResourceClaim]string
-	calls    int
+	// specJSONs are the claims' specs as JSON; shapes are per spec.
+	specJSONs map[*resourceapi.ResourceClaim]string
+	calls     int
 	// sharedFailures counts allocations not tried because the failure of
 	// another claim implies theirs.
 	sharedFailures int
 	// exact turns the shortcuts of shortcuts.go off.
-	exact      bool
-	shapes     map[*resourceapi.ResourceClaim]*claimShape
-	celResults map[exprDevice]bool
-	masks      map[maskKey][][]bool
-	cands      map[altKey][]devPos
+	exact    bool
+	shapes   map[string]*claimShape
+	blockIDs map[string]int
+	exprs    map[string]*exprResults
+	keyBuf   []byte
+	// celEvaluations counts the evaluations exprs did not spare.
+	versions       versionCache
+	celEvaluations int
+	masks          map[maskKey][][]bool
+	cands          map[altKey][]devPos
+	vectors        map[altKey][]bool
+	// stripped and noSelectors are the claims and classes of
+	// allocateListed's calls without selectors; strippedCalls counts
+	// those calls, strippedConfirmed those checked by an exact call, and
+	// strippedMismatches those the exact call did not confirm.
+	stripped                                             map[strippedKey]*resourceapi.ResourceClaim
+	noSelectors                                          allocation.Classes
+	strippedCalls, strippedConfirmed, strippedMismatches int
 }
 
 type failKey struct {
@@ -93,19 +110,24 @@ type filterKey struct {
 
 func newPlacer(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, features structured.Features, celCache *cel.Cache, exact bool) *placer {
 	c := &placer{
-		exact:      exact,
-		shapes:     map[*resourceapi.ResourceClaim]*claimShape{},
-		celResults: map[exprDevice]bool{},
-		masks:      map[maskKey][][]bool{},
-		cands:      map[altKey][]devPos{},
-		byName:     map[string]*placeNode{},
-		poolNode:   map[string]*placeNode{},
-		classes:    allocation.Classes(classes),
-		features:   features,
-		cel:        celCache,
-		fails:      map[failKey]uint64{},
-		fitCache:   map[filterKey]bool{},
-		specSigs:   map[*resourceapi.ResourceClaim]string{},
+		exact:     exact,
+		shapes:    map[string]*claimShape{},
+		blockIDs:  map[string]int{},
+		exprs:     map[string]*exprResults{},
+		versions:  versionCache{},
+		masks:     map[maskKey][][]bool{},
+		cands:     map[altKey][]devPos{},
+		vectors:   map[altKey][]bool{},
+		stripped:  map[strippedKey]*resourceapi.ResourceClaim{},
+		byName:    map[string]*placeNode{},
+		poolNode:  map[string]*placeNode{},
+		classes:   allocation.Classes(classes),
+		features:  features,
+		cel:       celCache,
+		fails:     map[failKey]uint64{},
+		fitCache:  map[filterKey]bool{},
+		specSigs:  map[*resourceapi.ResourceClaim]string{},
+		specJSONs: map[*resourceapi.ResourceClaim]string{},
 	}
 	sorted := append([]*corev1.Node(nil), nodes...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
@@ -248,12 +270,25 @@ func (c *placer) claimSig(claims []*resourceapi.ResourceClaim) string {
 	for _, cl := range claims {
 		sig, ok := c.specSigs[cl]
 		if !ok {
-			sig = hashJSON(cl.Spec)
+			h := fnv.New64a()
+			h.Write([]byte(c.specJSON(cl)))
+			sig = fmt.Sprintf("%x", h.Sum64())
 			c.specSigs[cl] = sig
 		}
 		s += sig + ","
 	}
 	return s
+}
+
+// specJSON is the claim's spec as JSON, once per claim.
+func (c *placer) specJSON(cl *resourceapi.ResourceClaim) string {
+	j, ok := c.specJSONs[cl]
+	if !ok {
+		data, _ := json.Marshal(cl.Spec)
+		j = string(data)
+		c.specJSONs[cl] = j
+	}
+	return j
 }
 
 func hashJSON(v any) string {

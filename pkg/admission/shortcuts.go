@@ -31,7 +31,12 @@ import (
 //     allocated devices only, and allocated devices all stay, so counter
 //     checks see the same numbers. A device that no alternative selects is
 //     never a candidate, so dropping it cannot change a result.
-//  3. A failure is remembered per alternative of a one-request claim: when
+//  3. The ladder (allocateLadder) gives the allocator a few candidates
+//     of one alternative at a time; when the other devices it lists cannot
+//     be taken anyway, it first asks with the alternative's selectors left
+//     out (no CEL per device), then once more, exactly, over the device
+//     found (see allocateListed).
+//  4. A failure is remembered per alternative of a one-request claim: when
 //     a claim with a single request fails on a node, none of its
 //     alternatives (each subrequest of a prioritized list, or the request)
 //     finds a device there. An alternative with the same class,
@@ -94,8 +99,8 @@ type alternative struct {
 	selKey, result string
 	// ladder: exact count, no admin access (see allocateLadder).
 	ladder bool
-	// blockKey is key and capacity requests.
-	blockKey string
+	// blockID stands for key and capacity requests (placer.blockIDs).
+	blockID int
 	// key is everything but the name and the capacity requests.
 	key  string
 	caps map[resourceapi.QualifiedName]resource.Quantity
@@ -111,7 +116,8 @@ type claimShape struct {
 }
 
 func (p *placer) shapeOf(cl *resourceapi.ResourceClaim) *claimShape {
-	if s, ok := p.shapes[cl]; ok {
+	spec := p.specJSON(cl)
+	if s, ok := p.shapes[spec]; ok {
 		return s
 	}
 	s := &claimShape{single: len(cl.Spec.Devices.Requests) == 1 && len(cl.Spec.Devices.Constraints) == 0}
@@ -132,11 +138,17 @@ func (p *placer) shapeOf(cl *resourceapi.ResourceClaim) *claimShape {
 		sig.WriteString("\x01")
 		data, _ := json.Marshal(rest)
 		a.key = string(data)
-		a.blockKey = a.key
+		block := a.key
 		if caps != nil {
 			capsData, _ := json.Marshal(caps)
-			a.blockKey += string(capsData)
+			block += string(capsData)
 		}
+		id, ok := p.blockIDs[block]
+		if !ok {
+			id = len(p.blockIDs)
+			p.blockIDs[block] = id
+		}
+		a.blockID = id
 		if caps != nil {
 			a.caps = caps.Requests
 		}
@@ -156,49 +168,91 @@ func (p *placer) shapeOf(cl *resourceapi.ResourceClaim) *claimShape {
 		sig.WriteString("\x02")
 	}
 	s.selSig = sig.String()
-	p.shapes[cl] = s
+	p.shapes[spec] = s
 	return s
 }
 
-// exprDevice is a CEL expression evaluated on a device's content.
-type exprDevice struct {
-	expr, device string
+// exprResults are a CEL expression's results by what it reads of a device
+// (celRefs.appendKey, or '*' and the device's whole content).
+type exprResults struct {
+	refs    celRefs
+	results map[string]bool
 }
 
-// matches says whether the expression selects the device; an expression
-// that does not compile or fails counts as a match, so that the allocator
-// sees the device and reports the error itself.
-func (p *placer) matches(ctx context.Context, expr, contentKey, driver string, d *resourceapi.Device) bool {
-	k := exprDevice{expr, contentKey}
-	if v, ok := p.celResults[k]; ok {
+// matches says whether the expression selects the node's device at pos; an
+// expression that does not compile or fails counts as a match, so that the
+// allocator sees the device and reports the error itself.
+func (p *placer) matches(ctx context.Context, expr string, sn *placeNode, pos devPos) bool {
+	e := p.exprs[expr]
+	if e == nil {
+		e = &exprResults{refs: analyzeCEL(expr), results: map[string]bool{}}
+		p.exprs[expr] = e
+	}
+	s := sn.slices[pos.slice]
+	d := &s.Spec.Devices[pos.device]
+	if e.refs.fixed && p.convertible(sn, pos) {
+		p.keyBuf = e.refs.appendKey(p.keyBuf[:0], s.Spec.Driver, d)
+	} else {
+		p.keyBuf = append(append(p.keyBuf[:0], '*'), p.contentKey(sn, pos)...)
+	}
+	if v, ok := e.results[string(p.keyBuf)]; ok {
 		return v
 	}
+	p.celEvaluations++
 	res := p.cel.GetOrCompile(expr)
 	v := true
 	if res.Error == nil {
-		m, _, err := res.DeviceMatches(ctx, cel.Device{Driver: driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
+		m, _, err := res.DeviceMatches(ctx, cel.Device{Driver: s.Spec.Driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
 		v = m || err != nil
 	}
-	p.celResults[k] = v
+	e.results[string(p.keyBuf)] = v
 	return v
 }
 
+// convertible says whether CEL can take every attribute of the node's
+// device at pos, computed once.
+func (p *placer) convertible(sn *placeNode, pos devPos) bool {
+	if sn.convertible == nil {
+		sn.convertible = map[devPos]bool{}
+	}
+	ok, seen := sn.convertible[pos]
+	if !seen {
+		ok = deviceConvertible(&sn.slices[pos.slice].Spec.Devices[pos.device], p.versions.ok)
+		sn.convertible[pos] = ok
+	}
+	return ok
+}
+
+// contentKey is the content key of the node's device at pos, computed once.
+func (p *placer) contentKey(sn *placeNode, pos devPos) string {
+	if sn.contentKeys == nil {
+		sn.contentKeys = map[devPos]string{}
+	}
+	k, ok := sn.contentKeys[pos]
+	if !ok {
+		s := sn.slices[pos.slice]
+		k = deviceContentKey(s.Spec.Driver, &s.Spec.Devices[pos.device])
+		sn.contentKeys[pos] = k
+	}
+	return k
+}
+
 // selectable says whether some alternative of the shapes selects the
-// device (classes that do not exist select everything, for the same
-// reason).
-func (p *placer) selectable(ctx context.Context, shapes []*claimShape, contentKey, driver string, d *resourceapi.Device) bool {
+// node's device at pos (classes that do not exist select everything, for
+// the same reason).
+func (p *placer) selectable(ctx context.Context, shapes []*claimShape, sn *placeNode, pos devPos) bool {
 	for _, s := range shapes {
 	alts:
 		for _, a := range s.alts {
 			if class, err := p.classes.Get(a.class); err == nil {
 				for _, sel := range class.Spec.Selectors {
-					if sel.CEL != nil && !p.matches(ctx, sel.CEL.Expression, contentKey, driver, d) {
+					if sel.CEL != nil && !p.matches(ctx, sel.CEL.Expression, sn, pos) {
 						continue alts
 					}
 				}
 			}
 			for _, expr := range a.selectors {
-				if !p.matches(ctx, expr, contentKey, driver, d) {
+				if !p.matches(ctx, expr, sn, pos) {
 					continue alts
 				}
 			}
@@ -232,7 +286,7 @@ func (p *placer) slicesFor(ctx context.Context, sn *placeNode, claims []*resourc
 		mask = make([][]bool, len(sn.slices))
 		for i, s := range sn.slices {
 			for j := range s.Spec.Devices {
-				mask[i] = append(mask[i], p.selectable(ctx, shapes, sn.contentKeys[i][j], s.Spec.Driver, &s.Spec.Devices[j]))
+				mask[i] = append(mask[i], p.selectable(ctx, shapes, sn, devPos{i, j}))
 			}
 		}
 		p.masks[mk] = mask
@@ -322,34 +376,69 @@ func (p *placer) candidates(ctx context.Context, sn *placeNode, a alternative) [
 	if c, ok := p.cands[k]; ok {
 		return c
 	}
-	p.nodeIndex(sn)
-	one := []*claimShape{{alts: []alternative{a}}}
-	c := []devPos{}
-	for i, s := range sn.slices {
-		for j := range s.Spec.Devices {
-			if p.selectable(ctx, one, sn.contentKeys[i][j], s.Spec.Driver, &s.Spec.Devices[j]) {
-				c = append(c, devPos{i, j})
+	var exprs []string
+	if class, err := p.classes.Get(a.class); err == nil {
+		for _, sel := range class.Spec.Selectors {
+			if sel.CEL != nil {
+				exprs = append(exprs, sel.CEL.Expression)
 			}
+		}
+	}
+	vectors := make([][]bool, 0, len(exprs)+len(a.selectors))
+	for _, expr := range append(exprs, a.selectors...) {
+		vectors = append(vectors, p.selects(ctx, sn, expr))
+	}
+	c := []devPos{}
+	flat := 0
+	for i, s := range sn.slices {
+	devices:
+		for j := range s.Spec.Devices {
+			flat++
+			for _, v := range vectors {
+				if !v[flat-1] {
+					continue devices
+				}
+			}
+			c = append(c, devPos{i, j})
 		}
 	}
 	p.cands[k] = c
 	return c
 }
 
-// nodeIndex computes the node's device content keys, positions and
-// counter sets once.
+// selects says, for every device of the node in the allocator's order,
+// whether the expression selects it; once per node and expression, so
+// alternatives of the same class share the class's selectors.
+func (p *placer) selects(ctx context.Context, sn *placeNode, expr string) []bool {
+	k := altKey{sn.idx, expr}
+	if v, ok := p.vectors[k]; ok {
+		return v
+	}
+	var v []bool
+	for i, s := range sn.slices {
+		for j := range s.Spec.Devices {
+			v = append(v, p.matches(ctx, expr, sn, devPos{i, j}))
+		}
+	}
+	p.vectors[k] = v
+	return v
+}
+
+// nodeIndex computes the node's device IDs, positions and counter sets
+// once.
 func (p *placer) nodeIndex(sn *placeNode) {
-	if sn.contentKeys != nil {
+	if sn.positions != nil {
 		return
 	}
-	sn.contentKeys = make([][]string, len(sn.slices))
 	sn.positions = map[structured.DeviceID]devPos{}
 	sn.counterSets = map[devPos][]string{}
+	sn.ids = make([][]structured.DeviceID, len(sn.slices))
 	for i, s := range sn.slices {
 		for j := range s.Spec.Devices {
 			d := &s.Spec.Devices[j]
-			sn.contentKeys[i] = append(sn.contentKeys[i], deviceContentKey(s.Spec.Driver, d))
-			sn.positions[structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)] = devPos{i, j}
+			id := structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)
+			sn.ids[i] = append(sn.ids[i], id)
+			sn.positions[id] = devPos{i, j}
 			for _, cc := range d.ConsumesCounters {
 				sn.counterSets[devPos{i, j}] = append(sn.counterSets[devPos{i, j}], s.Spec.Driver+"/"+s.Spec.Pool.Name+"/"+cc.CounterSet)
 			}
@@ -401,9 +490,8 @@ func (p *placer) allocateLadder(ctx context.Context, sn *placeNode, claims []*re
 			continue
 		}
 		for groups := 1; ; groups *= 2 {
-			list, in, all := p.groupPrefix(sn, cands, groups, a.blockKey)
-			p.calls++
-			res, err := allocation.Allocate(ctx, p.features, sn.state, p.classes, p.subset(sn, list), p.cel, sn.node, claims)
+			list, in, all := p.groupPrefix(sn, cands, groups, a.blockID)
+			res, err := p.allocateListed(ctx, sn, claims[0], a, cands, list)
 			if err != nil {
 				// Let the allocator report it as it would over all devices.
 				p.calls++
@@ -412,7 +500,7 @@ func (p *placer) allocateLadder(ctx context.Context, sn *placeNode, claims []*re
 			}
 			if res != nil && len(res[0].Devices.Results) == 1 && res[0].Devices.Results[0].Request == a.result {
 				r := res[0].Devices.Results[0]
-				if all || p.firstAvailable(sn, cands, in, sn.positions[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)], a.blockKey) {
+				if all || p.firstAvailable(sn, cands, in, sn.positions[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)], a.blockID) {
 					return res, true, nil
 				}
 				continue
@@ -421,7 +509,7 @@ func (p *placer) allocateLadder(ctx context.Context, sn *placeNode, claims []*re
 			// its counter sets are blocked for it until they change.
 			for pos := range in {
 				if cs := sn.counterSets[pos]; len(cs) == 1 {
-					sn.blockedAt[blockKey{a.blockKey, cs[0]}] = sn.setVersion[cs[0]] + 1
+					sn.blockedAt[blockKey{a.blockID, cs[0]}] = sn.setVersion[cs[0]] + 1
 				}
 			}
 			if all {
@@ -442,7 +530,7 @@ func (p *placer) allocateLadder(ctx context.Context, sn *placeNode, claims []*re
 // allocator derives counters from them; the list is in the allocator's
 // order. in holds the listed candidates; all says whether every candidate
 // left in is listed.
-func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt string) (list []devPos, in map[devPos]bool, all bool) {
+func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt int) (list []devPos, in map[devPos]bool, all bool) {
 	chosen := map[string]bool{}
 	in = map[devPos]bool{}
 	all = true
@@ -480,12 +568,7 @@ func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt stri
 				}
 			}
 		}
-		slices.SortFunc(list, func(a, b devPos) int {
-			if a.slice != b.slice {
-				return a.slice - b.slice
-			}
-			return a.device - b.device
-		})
+		slices.SortFunc(list, cmpPos)
 	}
 	return list, in, all
 }
@@ -500,15 +583,14 @@ func groupOf(sn *placeNode, pos devPos) string {
 // unavailable says whether the allocator cannot take the candidate for
 // the alternative: it is allocated exclusively, or its counter set is
 // blocked for the alternative.
-func (p *placer) unavailable(sn *placeNode, pos devPos, alt string) bool {
-	s := sn.slices[pos.slice]
-	return sn.state.AllocatedDevices.Has(structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, s.Spec.Devices[pos.device].Name)) || p.blocked(sn, alt, pos)
+func (p *placer) unavailable(sn *placeNode, pos devPos, alt int) bool {
+	return sn.state.AllocatedDevices.Has(sn.ids[pos.slice][pos.device]) || p.blocked(sn, alt, pos)
 }
 
 // firstAvailable says whether every candidate before the chosen one that
 // was not listed is unavailable, i.e. the allocator over all devices
 // would have chosen the same.
-func (p *placer) firstAvailable(sn *placeNode, cands []devPos, in map[devPos]bool, chosen devPos, alt string) bool {
+func (p *placer) firstAvailable(sn *placeNode, cands []devPos, in map[devPos]bool, chosen devPos, alt int) bool {
 	for _, pos := range cands {
 		if pos == chosen {
 			return true
@@ -520,9 +602,151 @@ func (p *placer) firstAvailable(sn *placeNode, cands []devPos, in map[devPos]boo
 	return false
 }
 
+// allocateListed runs the allocator for a one-request claim over the
+// listed devices of the node (a prefix of the alternative's candidates and
+// the allocated devices that share their counter sets), with the same
+// result as the exact call over that list.
+//
+// The exact call's first choice is the first listed device that the
+// alternative selects and that can be allocated: the alternatives before
+// it find nothing on the node (allocateLadder skips only those), so none
+// on part of it. When every listed device that is not a candidate is
+// allocated exclusively (the allocator never takes those), the
+// alternative selects every listed device that could be taken, so the
+// allocator over the same list with the alternative alone and its class
+// and request selectors left out (stripped) chooses the same device
+// without evaluating a CEL expression. The exact call over that device
+// and the allocated devices of its counter sets then yields the
+// allocation result itself (class config included); should it differ, the
+// exact call over the whole list decides.
+func (p *placer) allocateListed(ctx context.Context, sn *placeNode, claim *resourceapi.ResourceClaim, a alternative, cands, list []devPos) ([]resourceapi.AllocationResult, error) {
+	call := func(list []devPos) ([]resourceapi.AllocationResult, error) {
+		p.calls++
+		return allocation.Allocate(ctx, p.features, sn.state, p.classes, p.subset(sn, list), p.cel, sn.node, []*resourceapi.ResourceClaim{claim})
+	}
+	if !p.onlyCandidatesFree(sn, cands, list) {
+		return call(list)
+	}
+	p.calls++
+	p.strippedCalls++
+	res, err := allocation.Allocate(ctx, p.features, sn.state, p.strippedClasses(), p.subset(sn, list), p.cel, sn.node, []*resourceapi.ResourceClaim{p.strippedClaim(claim, a)})
+	if err != nil {
+		return call(list) // let the exact call report it
+	}
+	if res == nil {
+		return nil, nil // the exact call could take no other device
+	}
+	if len(claim.Spec.Devices.Config) == 0 {
+		// The result holds the request's name, the device and the class's
+		// config (kept): the same as the exact call's.
+		return res, nil
+	}
+	// The claim's config may name requests the stripped claim lacks: the
+	// exact call over the device found yields the result.
+	p.strippedConfirmed++
+	r := res[0].Devices.Results[0]
+	chosen, ok := sn.positions[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)]
+	if !ok {
+		return call(list)
+	}
+	confirm := []devPos{chosen}
+	for _, pos := range list {
+		if pos != chosen && sharesCounterSet(sn, pos, chosen) {
+			confirm = append(confirm, pos)
+		}
+	}
+	slices.SortFunc(confirm, cmpPos)
+	got, err := call(confirm)
+	if err == nil && got != nil && len(got[0].Devices.Results) == 1 && got[0].Devices.Results[0].Device == r.Device && got[0].Devices.Results[0].Pool == r.Pool {
+		return got, nil
+	}
+	p.strippedMismatches++
+	return call(list)
+}
+
+// onlyCandidatesFree says whether every listed device that is not one of
+// the candidates is allocated exclusively.
+func (p *placer) onlyCandidatesFree(sn *placeNode, cands, list []devPos) bool {
+	for _, pos := range list {
+		if _, found := slices.BinarySearchFunc(cands, pos, cmpPos); found {
+			continue
+		}
+		if !sn.state.AllocatedDevices.Has(sn.ids[pos.slice][pos.device]) {
+			return false
+		}
+	}
+	return true
+}
+
+func sharesCounterSet(sn *placeNode, a, b devPos) bool {
+	for _, cs := range sn.counterSets[a] {
+		if slices.Contains(sn.counterSets[b], cs) {
+			return true
+		}
+	}
+	return false
+}
+
+func cmpPos(a, b devPos) int {
+	if a.slice != b.slice {
+		return a.slice - b.slice
+	}
+	return a.device - b.device
+}
+
+// strippedClaim is the claim with only the alternative, without its
+// selectors; the result names the same request.
+func (p *placer) strippedClaim(claim *resourceapi.ResourceClaim, a alternative) *resourceapi.ResourceClaim {
+	k := strippedKey{claim, a.result}
+	if c, ok := p.stripped[k]; ok {
+		return c
+	}
+	c := claim.DeepCopy()
+	r := &c.Spec.Devices.Requests[0]
+	if r.Exactly != nil {
+		r.Exactly.Selectors = nil
+	} else {
+		for _, sub := range r.FirstAvailable {
+			if r.Name+"/"+sub.Name == a.result {
+				sub.Selectors = nil
+				r.FirstAvailable = []resourceapi.DeviceSubRequest{sub}
+				break
+			}
+		}
+	}
+	p.stripped[k] = c
+	return c
+}
+
+type strippedKey struct {
+	claim  *resourceapi.ResourceClaim
+	result string
+}
+
+// strippedClasses are the device classes without their selectors.
+func (p *placer) strippedClasses() allocation.Classes {
+	if p.noSelectors == nil {
+		p.noSelectors = make(allocation.Classes, len(p.classes))
+		for i, c := range p.classes {
+			cp := *c
+			cp.Spec.Selectors = nil
+			p.noSelectors[i] = &cp
+		}
+	}
+	return p.noSelectors
+}
+
 // subset returns the node's slices (all of them, so pools stay complete)
-// with only the listed devices.
+// with only the listed devices, and only the counter sets those consume:
+// the allocator copies every counter set of a pool on each call, and
+// checks only those of the devices it considers.
 func (p *placer) subset(sn *placeNode, list []devPos) []*resourceapi.ResourceSlice {
+	used := map[string]bool{}
+	for _, pos := range list {
+		for _, cc := range sn.slices[pos.slice].Spec.Devices[pos.device].ConsumesCounters {
+			used[cc.CounterSet] = true
+		}
+	}
 	out := make([]*resourceapi.ResourceSlice, len(sn.slices))
 	k := 0
 	for i, s := range sn.slices {
@@ -531,12 +755,18 @@ func (p *placer) subset(sn *placeNode, list []devPos) []*resourceapi.ResourceSli
 			keep = append(keep, s.Spec.Devices[list[k].device])
 			k++
 		}
-		if len(keep) == len(s.Spec.Devices) {
+		var sets []resourceapi.CounterSet
+		for _, cs := range s.Spec.SharedCounters {
+			if used[cs.Name] {
+				sets = append(sets, cs)
+			}
+		}
+		if len(keep) == len(s.Spec.Devices) && len(sets) == len(s.Spec.SharedCounters) {
 			out[i] = s
 			continue
 		}
 		c := *s
-		c.Spec.Devices = keep
+		c.Spec.Devices, c.Spec.SharedCounters = keep, sets
 		out[i] = &c
 	}
 	return out
@@ -564,7 +794,8 @@ func (p *placer) altFailed(sn *placeNode, a alternative) {
 // set: none of the devices of the counter set that the alternative
 // selects could be allocated for it when the set was at a version.
 type blockKey struct {
-	alt, counterSet string
+	alt        int
+	counterSet string
 }
 
 // blocked says whether the device is of a counter set on which the
@@ -573,7 +804,7 @@ type blockKey struct {
 // be allocated depends on the allocation state of the devices consuming
 // it (the device included) and nothing else of the node, so it cannot
 // have changed either.
-func (p *placer) blocked(sn *placeNode, alt string, pos devPos) bool {
+func (p *placer) blocked(sn *placeNode, alt int, pos devPos) bool {
 	cs := sn.counterSets[pos]
 	if len(cs) != 1 {
 		return false

@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/cel"
 
@@ -28,7 +29,7 @@ import (
 func TestShortcutsPlaceAsExact(t *testing.T) {
 	var nodes []*corev1.Node
 	var all []*resourceapi.ResourceSlice
-	for i, o := range []admissiontest.NodeOptions{{Profile: "h100-80gb:2", MIG: true}, {Profile: "a100-40gb:2", MIG: true}, {Profile: "l4:2"}} {
+	for i, o := range []admissiontest.NodeOptions{{Profile: "h100-80gb:2", MIG: true}, {Profile: "a100-40gb:2", MIG: true}, {Profile: "l4:2", TimeSlices: 3}} {
 		name := fmt.Sprintf("n%d", i)
 		s, err := admissiontest.NodeSlices(name, o)
 		if err != nil {
@@ -40,24 +41,25 @@ func TestShortcutsPlaceAsExact(t *testing.T) {
 	if len(sizes) < 3 {
 		t.Fatalf("MIG sizes %v: the nodes publish no MIG devices", sizes)
 	}
-	var placed, failed, shared int
+	var placed, failed, shared, stripped, confirmed int
 	for seed := range uint64(12) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		ctx := context.Background()
 		fast := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), false)
 		exact := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), true)
+		// Each placer releases its own results: the share IDs differ.
 		type held struct {
-			node int
-			res  []resourceapi.AllocationResult
+			node        int
+			fast, exact []resourceapi.AllocationResult
 		}
 		var holds []held
 		for step := range 150 {
 			if len(holds) > 0 && rng.IntN(4) == 0 {
 				i := rng.IntN(len(holds))
 				h := holds[i]
-				for j := range h.res {
-					fast.remove(fast.nodes[h.node], &h.res[j])
-					exact.remove(exact.nodes[h.node], &h.res[j])
+				for j := range h.fast {
+					fast.remove(fast.nodes[h.node], &h.fast[j])
+					exact.remove(exact.nodes[h.node], &h.exact[j])
 				}
 				holds = slices.Delete(holds, i, i+1)
 				continue
@@ -84,19 +86,25 @@ func TestShortcutsPlaceAsExact(t *testing.T) {
 					fast.add(fast.nodes[n], &got[j])
 					exact.add(exact.nodes[n], &want[j])
 				}
-				holds = append(holds, held{n, got})
+				holds = append(holds, held{n, got, want})
 				break
 			}
 		}
 		shared += fast.sharedFailures
+		stripped += fast.strippedCalls
+		confirmed += fast.strippedConfirmed
+		if fast.strippedMismatches != 0 {
+			t.Errorf("seed %d: %d allocator calls without selectors chose a device the exact call did not confirm", seed, fast.strippedMismatches)
+		}
 		if exact.sharedFailures != 0 {
 			t.Errorf("seed %d: ExactPlacement shared %d failures", seed, exact.sharedFailures)
 		}
 	}
-	t.Logf("placed %d, failed %d, shared failures %d", placed, failed, shared)
-	// The sequences must exercise both outcomes and the shared failures.
-	if placed < 100 || failed < 100 || shared < 50 {
-		t.Errorf("placed %d, failed %d, shared failures %d: the sequences do not exercise the shortcuts", placed, failed, shared)
+	t.Logf("placed %d, failed %d, shared failures %d, calls without selectors %d (confirmed for config: %d)", placed, failed, shared, stripped, confirmed)
+	// The sequences must exercise both outcomes, the shared failures and
+	// the calls without selectors.
+	if placed < 100 || failed < 100 || shared < 50 || stripped < 100 || confirmed < 20 {
+		t.Errorf("placed %d, failed %d, shared failures %d, calls without selectors %d (confirmed %d): the sequences do not exercise the shortcuts", placed, failed, shared, stripped, confirmed)
 	}
 }
 
@@ -121,13 +129,14 @@ func memSelector(op string, b int64) resourceapi.DeviceSelector {
 }
 
 // randomClaim is a MIG prioritized list (the smallest partition that
-// holds the request first, a share last), a memory share, or a whole GPU
-// with at least some memory.
+// holds the request first, a share last), a memory share, a whole GPU
+// with at least some memory, or a time slice (which shares its GPU's
+// counters with the whole GPU and its shares).
 func randomClaim(rng *rand.Rand, sizes []int64, seed uint64, step, i int) *resourceapi.ResourceClaim {
 	mem := int64(1+rng.IntN(160)) << 28 // 256Mi .. 40Gi
 	share := &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{devicemodel.CapMemory: *resource.NewQuantity(mem, resource.BinarySI)}}
 	req := resourceapi.DeviceRequest{Name: "gpu"}
-	switch rng.IntN(3) {
+	switch rng.IntN(4) {
 	case 0:
 		for _, s := range sizes {
 			if s < mem {
@@ -143,14 +152,31 @@ func randomClaim(rng *rand.Rand, sizes []int64, seed uint64, step, i int) *resou
 		})
 	case 1:
 		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Capacity: share, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
+	case 2:
+		// With a capacity request, so that the whole GPU (which shares the
+		// time slices' counters and allows several allocations) could take
+		// it, were it not for the class.
+		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: "timeslice.tessera.dev", Capacity: share, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
 	default:
 		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Selectors: []resourceapi.DeviceSelector{memSelector(">=", mem)}, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
 	}
 	name := fmt.Sprintf("c-%d-%d-%d", seed, step, i)
-	return &resourceapi.ResourceClaim{
+	cl := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)},
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
 	}
+	if rng.IntN(3) == 0 {
+		// Config for the request (and, in a prioritized list, for its
+		// first subrequest): the allocator copies it into the result.
+		requests := []string{req.Name}
+		if len(req.FirstAvailable) > 0 {
+			requests = append(requests, req.Name+"/"+req.FirstAvailable[0].Name)
+		}
+		cl.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{Requests: requests, DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "gpu.tessera.dev", Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig"}`)}},
+		}}}
+	}
+	return cl
 }
 
 func claimsString(claims []*resourceapi.ResourceClaim) string {

@@ -42,6 +42,7 @@ func BenchmarkAdmissionCycleMIG(b *testing.B) {
 			}
 			b.ReportMetric(float64(res.stats.AllocatorCalls), "allocator-calls")
 			b.ReportMetric(float64(res.stats.SharedFailures), "shared-failures")
+			b.ReportMetric(float64(res.stats.CELEvaluations), "cel-evaluations")
 			b.ReportMetric(float64(len(res.order)), "admitted")
 		})
 	}
