@@ -3,6 +3,7 @@ package admission
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 
 	"github.com/blang/semver/v4"
 	"github.com/google/cel-go/common"
@@ -171,6 +172,22 @@ func access(e ast.Expr) (operand ast.Expr, field string, ok bool) {
 		return c.Args()[0], string(s), true
 	}
 	return nil, "", false
+}
+
+// sig names what r reads: expressions of one signature build their keys
+// alike, so they share numbered keys (placer.keyIDs).
+func (r celRefs) sig() string {
+	if !r.fixed {
+		return "*"
+	}
+	var b strings.Builder
+	for _, dn := range r.attrs {
+		b.WriteString("a" + string(dn.q) + "\x00")
+	}
+	for _, dn := range r.caps {
+		b.WriteString("c" + string(dn.q) + "\x00")
+	}
+	return b.String()
 }
 
 // appendKey appends to dst what the expression reads of the device. The

@@ -166,6 +166,13 @@ type Engine struct {
 	mu           sync.Mutex
 	cel          *cel.Cache
 	reservations map[string]*reservation
+	// What the last cycle derived from the slices and classes, kept while
+	// they are the same objects: the catalog, the device indexes per node
+	// and CEL results (placeCache).
+	slices  []*resourceapi.ResourceSlice
+	classes []*resourceapi.DeviceClass
+	catalog *demand.Catalog
+	places  *placeCache
 }
 
 // NewEngine returns an engine.
@@ -210,6 +217,9 @@ type cycle struct {
 	objs     *objects
 	charged  map[string]bool
 	estCache map[string]estimate
+	// specEst holds the estimates without error per claim spec (as JSON):
+	// the claims of one template are estimated once.
+	specEst  map[string]estimate
 	seen     map[string]bool // reservations still in use
 	admitted []*Workload
 	counts   map[*queue.Queue]*[2]int32 // admitted, pending
@@ -236,14 +246,27 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	start := time.Now()
+	if !sameObjects(snap.Classes, e.classes) {
+		e.catalog, e.places = nil, nil
+	} else if !sameObjects(snap.Slices, e.slices) {
+		e.catalog = nil
+	}
+	if e.catalog == nil {
+		e.catalog = demand.NewCatalog(snap.Slices, snap.Classes, e.cel)
+	}
+	if e.places == nil || e.places.full() {
+		e.places = newPlaceCache()
+	}
+	e.slices, e.classes = snap.Slices, snap.Classes
 	c := &cycle{
 		e: e, ctx: ctx, logger: klog.FromContext(ctx), snap: snap,
 		tree:     queue.NewTree(snap.Queues),
-		cat:      demand.NewCatalog(snap.Slices, snap.Classes, e.cel),
-		cl:       newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement),
+		cat:      e.catalog,
+		cl:       newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement, e.places),
 		objs:     &objects{claims: map[string]*resourceapi.ResourceClaim{}, templates: map[string]*resourceapi.ResourceClaimTemplate{}},
 		charged:  map[string]bool{},
 		estCache: map[string]estimate{},
+		specEst:  map[string]estimate{},
 		seen:     map[string]bool{},
 		counts:   map[*queue.Queue]*[2]int32{},
 		used:     map[*queue.Queue]uint64{},
@@ -428,8 +451,16 @@ func (c *cycle) estimate(pc demand.PodClaim) estimate {
 	if e, ok := c.estCache[pc.Key]; ok {
 		return e
 	}
-	v, err := c.cat.EstimateClaim(c.ctx, pc.Display, &pc.Claim.Spec)
-	e := estimate{v, err}
+	// An error names the claim: it is not shared with other claims.
+	spec := c.cl.specJSON(pc.Claim)
+	e, ok := c.specEst[spec]
+	if !ok {
+		v, err := c.cat.EstimateClaim(c.ctx, pc.Display, &pc.Claim.Spec)
+		e = estimate{v, err}
+		if err == nil {
+			c.specEst[spec] = e
+		}
+	}
 	c.estCache[pc.Key] = e
 	return e
 }

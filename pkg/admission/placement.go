@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,12 +38,8 @@ type placeNode struct {
 	usable, plain bool
 	// held counts the allocations of each device (exclusive or shared).
 	held map[structured.DeviceID]int
-	// contentKeys are the content keys of the slices' devices, once needed.
-	contentKeys map[devPos]string
-	convertible map[devPos]bool
-	ids         [][]structured.DeviceID
-	positions   map[structured.DeviceID]devPos
-	counterSets map[devPos][]string
+	// deviceIndex is what the shortcuts derived from the slices.
+	*deviceIndex
 	// setVersion counts the allocation changes of each counter set;
 	// blockedAt remembers alternatives that found nothing on one.
 	setVersion map[string]uint64
@@ -51,6 +48,88 @@ type placeNode struct {
 	// version altFailsAt (see shortcuts.go).
 	altFails   map[string][]map[resourceapi.QualifiedName]resource.Quantity
 	altFailsAt uint64
+}
+
+// deviceIndex is what the shortcuts derive from a node's slices and the
+// device classes alone: device IDs and positions, counter sets, which
+// devices each selector, each alternative and each claim signature
+// select. The engine keeps it from one cycle to the next while the node's
+// slices and the classes are the same objects (an informer replaces an
+// object that changes, never edits it).
+type deviceIndex struct {
+	from []*resourceapi.ResourceSlice
+	// devices counts the devices of the slices; offsets is where each
+	// slice's devices start in flat per-device vectors.
+	devices     int
+	offsets     []int
+	convertible map[devPos]bool
+	ids         [][]structured.DeviceID
+	positions   map[structured.DeviceID]devPos
+	counterSets map[devPos][]string
+	keyIDs      map[string][]int32  // per refs signature (placer.keyIDs)
+	masks       map[string][][]bool // per claims' selector signature
+	cands       map[string][]devPos // per alternative's selectors
+	vectors     map[string][]bool   // per CEL expression
+}
+
+func newDeviceIndex(slices []*resourceapi.ResourceSlice) *deviceIndex {
+	return &deviceIndex{
+		from:        slices,
+		convertible: map[devPos]bool{},
+		keyIDs:      map[string][]int32{},
+		masks:       map[string][][]bool{},
+		cands:       map[string][]devPos{},
+		vectors:     map[string][]bool{},
+	}
+}
+
+// placeCache is what placers keep from one cycle to the next: the device
+// indexes per node, and the CEL results per distinct device key, with
+// the keys numbered per refs signature.
+type placeCache struct {
+	indexes  map[string]*deviceIndex
+	keys     map[string]map[string]int32
+	exprs    map[string]*exprResults
+	versions versionCache
+}
+
+func newPlaceCache() *placeCache {
+	return &placeCache{
+		indexes:  map[string]*deviceIndex{},
+		keys:     map[string]map[string]int32{},
+		exprs:    map[string]*exprResults{},
+		versions: versionCache{},
+	}
+}
+
+// maxCachedKeys bounds the device keys a placeCache holds: devices come and
+// go (each with its UUIDs), so an engine starts afresh beyond it.
+const maxCachedKeys = 1 << 17
+
+// full says whether the cache holds more keys than maxCachedKeys.
+func (c *placeCache) full() bool {
+	n := 0
+	for _, space := range c.keys {
+		n += len(space)
+	}
+	return n > maxCachedKeys
+}
+
+// sameObjects says whether a and b hold the same objects, in any order.
+func sameObjects[T any](a, b []*T) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	in := make(map[*T]bool, len(a))
+	for _, o := range a {
+		in[o] = true
+	}
+	for _, o := range b {
+		if !in[o] {
+			return false
+		}
+	}
+	return true
 }
 
 // holding is an allocation a workload holds on a node.
@@ -81,14 +160,13 @@ type placer struct {
 	exact    bool
 	shapes   map[string]*claimShape
 	blockIDs map[string]int
-	exprs    map[string]*exprResults
+	cache    *placeCache
 	keyBuf   []byte
-	// celEvaluations counts the evaluations exprs did not spare.
-	versions       versionCache
+	// Buffers of groupPrefix.
+	inBuf            map[devPos]bool
+	groupBuf, setBuf []string
+	// celEvaluations counts the evaluations the cached results did not spare.
 	celEvaluations int
-	masks          map[maskKey][][]bool
-	cands          map[altKey][]devPos
-	vectors        map[altKey][]bool
 	// stripped and noSelectors are the claims and classes of
 	// allocateListed's calls without selectors; strippedCalls counts
 	// those calls, strippedConfirmed those checked by an exact call, and
@@ -108,16 +186,18 @@ type filterKey struct {
 	sig  string
 }
 
-func newPlacer(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, features structured.Features, celCache *cel.Cache, exact bool) *placer {
+// newPlacer indexes the snapshot's nodes and slices. cache is what an
+// earlier placer over the same classes kept (nil for none): a node whose
+// slices are the same objects keeps its device index.
+func newPlacer(nodes []*corev1.Node, all []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, features structured.Features, celCache *cel.Cache, exact bool, cache *placeCache) *placer {
+	if cache == nil {
+		cache = newPlaceCache()
+	}
 	c := &placer{
 		exact:     exact,
 		shapes:    map[string]*claimShape{},
 		blockIDs:  map[string]int{},
-		exprs:     map[string]*exprResults{},
-		versions:  versionCache{},
-		masks:     map[maskKey][][]bool{},
-		cands:     map[altKey][]devPos{},
-		vectors:   map[altKey][]bool{},
+		cache:     cache,
 		stripped:  map[strippedKey]*resourceapi.ResourceClaim{},
 		byName:    map[string]*placeNode{},
 		poolNode:  map[string]*placeNode{},
@@ -140,7 +220,7 @@ func newPlacer(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classe
 	}
 	// Only the newest generation of a pool is visible to the allocator
 	// anyway; keep all and let it pick.
-	for _, s := range slices {
+	for _, s := range all {
 		name := ptr.Deref(s.Spec.NodeName, "")
 		sn := c.byName[name]
 		if sn == nil {
@@ -149,8 +229,16 @@ func newPlacer(nodes []*corev1.Node, slices []*resourceapi.ResourceSlice, classe
 		sn.slices = append(sn.slices, s)
 		c.poolNode[s.Spec.Driver+"/"+s.Spec.Pool.Name] = sn
 	}
+	prev := cache.indexes
+	cache.indexes = make(map[string]*deviceIndex, len(c.nodes))
 	for _, sn := range c.nodes {
 		sort.Slice(sn.slices, func(i, j int) bool { return sn.slices[i].Name < sn.slices[j].Name })
+		if ix := prev[sn.node.Name]; ix != nil && slices.Equal(ix.from, sn.slices) {
+			sn.deviceIndex = ix
+		} else {
+			sn.deviceIndex = newDeviceIndex(sn.slices)
+		}
+		cache.indexes[sn.node.Name] = sn.deviceIndex
 	}
 	return c
 }

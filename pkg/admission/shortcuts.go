@@ -172,69 +172,103 @@ func (p *placer) shapeOf(cl *resourceapi.ResourceClaim) *claimShape {
 	return s
 }
 
-// exprResults are a CEL expression's results by what it reads of a device
-// (celRefs.appendKey, or '*' and the device's whole content).
+// exprResults are a CEL expression's results per distinct key of what it
+// reads of a device (celRefs.appendKey, or '*' and the device's whole
+// content): the keys of its refs' signature, numbered (placeCache.keys).
 type exprResults struct {
-	refs    celRefs
-	results map[string]bool
+	refs celRefs
+	sig  string
+	// results by key number: 0 not evaluated yet, 1 no match, 2 match.
+	results []int8
+}
+
+// expr returns the expression's results.
+func (p *placer) expr(expr string) *exprResults {
+	e := p.cache.exprs[expr]
+	if e == nil {
+		e = &exprResults{refs: analyzeCEL(expr)}
+		e.sig = e.refs.sig()
+		p.cache.exprs[expr] = e
+	}
+	return e
+}
+
+// keyIDs numbers the node's devices (flat, in slice order) by their keys
+// under the signature of e's refs, once per node and signature: the MIG
+// selectors of a claim's alternatives all read the same capacity, so they
+// share one pass.
+func (p *placer) keyIDs(sn *placeNode, e *exprResults) []int32 {
+	if ids, ok := sn.keyIDs[e.sig]; ok {
+		return ids
+	}
+	p.nodeIndex(sn)
+	space := p.cache.keys[e.sig]
+	if space == nil {
+		space = map[string]int32{}
+		p.cache.keys[e.sig] = space
+	}
+	ids := make([]int32, 0, sn.devices)
+	for i, s := range sn.slices {
+		for j := range s.Spec.Devices {
+			d := &s.Spec.Devices[j]
+			if e.refs.fixed && p.convertible(sn, devPos{i, j}) {
+				p.keyBuf = e.refs.appendKey(p.keyBuf[:0], s.Spec.Driver, d)
+			} else {
+				p.keyBuf = append(append(p.keyBuf[:0], '*'), deviceContentKey(s.Spec.Driver, d)...)
+			}
+			id, ok := space[string(p.keyBuf)]
+			if !ok {
+				id = int32(len(space))
+				space[string(p.keyBuf)] = id
+			}
+			ids = append(ids, id)
+		}
+	}
+	sn.keyIDs[e.sig] = ids
+	return ids
 }
 
 // matches says whether the expression selects the node's device at pos; an
 // expression that does not compile or fails counts as a match, so that the
 // allocator sees the device and reports the error itself.
 func (p *placer) matches(ctx context.Context, expr string, sn *placeNode, pos devPos) bool {
-	e := p.exprs[expr]
-	if e == nil {
-		e = &exprResults{refs: analyzeCEL(expr), results: map[string]bool{}}
-		p.exprs[expr] = e
+	e := p.expr(expr)
+	return p.result(ctx, expr, e, p.keyIDs(sn, e)[sn.offsets[pos.slice]+pos.device], sn, pos)
+}
+
+// result is e's result for key id, evaluated on the node's device at pos
+// (which has that key) when not known yet.
+func (p *placer) result(ctx context.Context, expr string, e *exprResults, id int32, sn *placeNode, pos devPos) bool {
+	if n := int(id) + 1; n > len(e.results) {
+		e.results = append(e.results, make([]int8, n-len(e.results))...)
 	}
-	s := sn.slices[pos.slice]
-	d := &s.Spec.Devices[pos.device]
-	if e.refs.fixed && p.convertible(sn, pos) {
-		p.keyBuf = e.refs.appendKey(p.keyBuf[:0], s.Spec.Driver, d)
-	} else {
-		p.keyBuf = append(append(p.keyBuf[:0], '*'), p.contentKey(sn, pos)...)
-	}
-	if v, ok := e.results[string(p.keyBuf)]; ok {
-		return v
+	if r := e.results[id]; r != 0 {
+		return r == 2
 	}
 	p.celEvaluations++
-	res := p.cel.GetOrCompile(expr)
+	s := sn.slices[pos.slice]
+	d := &s.Spec.Devices[pos.device]
 	v := true
-	if res.Error == nil {
+	if res := p.cel.GetOrCompile(expr); res.Error == nil {
 		m, _, err := res.DeviceMatches(ctx, cel.Device{Driver: s.Spec.Driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
 		v = m || err != nil
 	}
-	e.results[string(p.keyBuf)] = v
+	e.results[id] = 1
+	if v {
+		e.results[id] = 2
+	}
 	return v
 }
 
 // convertible says whether CEL can take every attribute of the node's
 // device at pos, computed once.
 func (p *placer) convertible(sn *placeNode, pos devPos) bool {
-	if sn.convertible == nil {
-		sn.convertible = map[devPos]bool{}
-	}
 	ok, seen := sn.convertible[pos]
 	if !seen {
-		ok = deviceConvertible(&sn.slices[pos.slice].Spec.Devices[pos.device], p.versions.ok)
+		ok = deviceConvertible(&sn.slices[pos.slice].Spec.Devices[pos.device], p.cache.versions.ok)
 		sn.convertible[pos] = ok
 	}
 	return ok
-}
-
-// contentKey is the content key of the node's device at pos, computed once.
-func (p *placer) contentKey(sn *placeNode, pos devPos) string {
-	if sn.contentKeys == nil {
-		sn.contentKeys = map[devPos]string{}
-	}
-	k, ok := sn.contentKeys[pos]
-	if !ok {
-		s := sn.slices[pos.slice]
-		k = deviceContentKey(s.Spec.Driver, &s.Spec.Devices[pos.device])
-		sn.contentKeys[pos] = k
-	}
-	return k
 }
 
 // selectable says whether some alternative of the shapes selects the
@@ -262,11 +296,6 @@ func (p *placer) selectable(ctx context.Context, shapes []*claimShape, sn *place
 	return false
 }
 
-type maskKey struct {
-	node int
-	sig  string
-}
-
 // slicesFor returns the node's slices with only the devices the claims can
 // select and the allocated ones.
 func (p *placer) slicesFor(ctx context.Context, sn *placeNode, claims []*resourceapi.ResourceClaim) []*resourceapi.ResourceSlice {
@@ -279,8 +308,7 @@ func (p *placer) slicesFor(ctx context.Context, sn *placeNode, claims []*resourc
 		shapes[i] = p.shapeOf(cl)
 		sig += shapes[i].selSig + "\x03"
 	}
-	mk := maskKey{sn.idx, sig}
-	mask, ok := p.masks[mk]
+	mask, ok := sn.masks[sig]
 	if !ok {
 		p.nodeIndex(sn)
 		mask = make([][]bool, len(sn.slices))
@@ -289,7 +317,7 @@ func (p *placer) slicesFor(ctx context.Context, sn *placeNode, claims []*resourc
 				mask[i] = append(mask[i], p.selectable(ctx, shapes, sn, devPos{i, j}))
 			}
 		}
-		p.masks[mk] = mask
+		sn.masks[sig] = mask
 	}
 	out := make([]*resourceapi.ResourceSlice, len(sn.slices))
 	for i, s := range sn.slices {
@@ -364,16 +392,10 @@ func ladderable(mode resourceapi.DeviceAllocationMode, count int64, admin *bool)
 // devPos is a device's place among a node's slices.
 type devPos struct{ slice, device int }
 
-type altKey struct {
-	node int
-	sel  string
-}
-
 // candidates lists, in the allocator's order, the node's devices the
 // alternative's class and selectors select.
 func (p *placer) candidates(ctx context.Context, sn *placeNode, a alternative) []devPos {
-	k := altKey{sn.idx, a.selKey}
-	if c, ok := p.cands[k]; ok {
+	if c, ok := sn.cands[a.selKey]; ok {
 		return c
 	}
 	var exprs []string
@@ -402,7 +424,7 @@ func (p *placer) candidates(ctx context.Context, sn *placeNode, a alternative) [
 			c = append(c, devPos{i, j})
 		}
 	}
-	p.cands[k] = c
+	sn.cands[a.selKey] = c
 	return c
 }
 
@@ -410,17 +432,19 @@ func (p *placer) candidates(ctx context.Context, sn *placeNode, a alternative) [
 // whether the expression selects it; once per node and expression, so
 // alternatives of the same class share the class's selectors.
 func (p *placer) selects(ctx context.Context, sn *placeNode, expr string) []bool {
-	k := altKey{sn.idx, expr}
-	if v, ok := p.vectors[k]; ok {
+	if v, ok := sn.vectors[expr]; ok {
 		return v
 	}
-	var v []bool
+	e := p.expr(expr)
+	ids := p.keyIDs(sn, e)
+	v := make([]bool, len(ids))
 	for i, s := range sn.slices {
 		for j := range s.Spec.Devices {
-			v = append(v, p.matches(ctx, expr, sn, devPos{i, j}))
+			k := sn.offsets[i] + j
+			v[k] = p.result(ctx, expr, e, ids[k], sn, devPos{i, j})
 		}
 	}
-	p.vectors[k] = v
+	sn.vectors[expr] = v
 	return v
 }
 
@@ -433,7 +457,10 @@ func (p *placer) nodeIndex(sn *placeNode) {
 	sn.positions = map[structured.DeviceID]devPos{}
 	sn.counterSets = map[devPos][]string{}
 	sn.ids = make([][]structured.DeviceID, len(sn.slices))
+	sn.offsets = make([]int, len(sn.slices))
 	for i, s := range sn.slices {
+		sn.offsets[i] = sn.devices
+		sn.devices += len(s.Spec.Devices)
 		for j := range s.Spec.Devices {
 			d := &s.Spec.Devices[j]
 			id := structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)
@@ -529,30 +556,34 @@ func (p *placer) allocateLadder(ctx context.Context, sn *placeNode, claims []*re
 // that share counter sets with the listed ones are added, since the
 // allocator derives counters from them; the list is in the allocator's
 // order. in holds the listed candidates; all says whether every candidate
-// left in is listed.
+// left in is listed. in is the placer's: valid until its next call.
 func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt int) (list []devPos, in map[devPos]bool, all bool) {
-	chosen := map[string]bool{}
-	in = map[devPos]bool{}
+	if p.inBuf == nil {
+		p.inBuf = map[devPos]bool{}
+	}
+	in = p.inBuf
+	clear(in)
+	chosen, sets := p.groupBuf[:0], p.setBuf[:0] // few: linear search
 	all = true
 	for _, pos := range cands {
 		if p.unavailable(sn, pos, alt) {
 			continue
 		}
-		g := groupOf(sn, pos)
-		if !chosen[g] {
+		if g := groupOf(sn, pos); !slices.Contains(chosen, g) {
 			if len(chosen) == groups {
 				all = false
 				continue
 			}
-			chosen[g] = true
+			chosen = append(chosen, g)
 		}
 		list = append(list, pos)
 		in[pos] = true
 	}
-	sets := map[string]bool{}
 	for _, pos := range list {
 		for _, cs := range sn.counterSets[pos] {
-			sets[cs] = true
+			if !slices.Contains(sets, cs) {
+				sets = append(sets, cs)
+			}
 		}
 	}
 	if len(sets) > 0 {
@@ -562,7 +593,7 @@ func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt int)
 				continue
 			}
 			for _, cs := range sn.counterSets[pos] {
-				if sets[cs] {
+				if slices.Contains(sets, cs) {
 					list = append(list, pos)
 					break
 				}
@@ -570,6 +601,7 @@ func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt int)
 		}
 		slices.SortFunc(list, cmpPos)
 	}
+	p.groupBuf, p.setBuf = chosen, sets
 	return list, in, all
 }
 

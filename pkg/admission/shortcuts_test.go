@@ -45,8 +45,8 @@ func TestShortcutsPlaceAsExact(t *testing.T) {
 	for seed := range uint64(12) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		ctx := context.Background()
-		fast := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), false)
-		exact := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), true)
+		fast := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), false, nil)
+		exact := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), true, nil)
 		// Each placer releases its own results: the share IDs differ.
 		type held struct {
 			node        int

@@ -97,8 +97,17 @@ func newAdmission(nodes []*simNode, jobs []Job, claims []*resourceapi.ResourceCl
 
 // admit runs the cycle from a fresh engine.
 func (a *admission) admit(ctx context.Context) (admissionResult, error) {
+	return a.admitWith(ctx, admissionpkg.NewEngine(admissionpkg.DefaultConfig()))
+}
+
+// admitWith runs the cycle with the engine, as the controller's next
+// cycle would with nothing changed: what the engine reserved for the pods
+// in an earlier cycle is forgotten first, so that the decision is the
+// same, and what it derived from the slices and classes is kept.
+func (a *admission) admitWith(ctx context.Context, e *admissionpkg.Engine) (admissionResult, error) {
 	snap, index := a.snap, a.index
-	dec, err := admissionpkg.NewEngine(admissionpkg.DefaultConfig()).Decide(ctx, snap)
+	e.Forget(snap.Pods...)
+	dec, err := e.Decide(ctx, snap)
 	if err != nil {
 		return admissionResult{}, err
 	}
