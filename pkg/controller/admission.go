@@ -50,6 +50,32 @@ type Admitter struct {
 	// devices an earlier cycle handed out, or evict twice.
 	ungated map[types.UID]memo
 	evicted map[types.UID]memo
+	// slices and classes are the previous snapshot's, by UID (see reuse).
+	slices  map[types.UID]*resourceapi.ResourceSlice
+	classes map[types.UID]*resourceapi.DeviceClass
+}
+
+// reuse returns pointers to the items, and them by UID: the previous
+// snapshot's pointer for an object whose UID and resourceVersion did not
+// change (the same content), so that the engine keeps what it derived from
+// it (admission.Engine keeps its catalog and device indexes while the
+// slices and classes are the same objects); a list copies the cache's
+// objects into a new array every time.
+func reuse[T any, P interface {
+	*T
+	metav1.Object
+}](prev map[types.UID]P, items []T) ([]P, map[types.UID]P) {
+	out := make([]P, 0, len(items))
+	next := make(map[types.UID]P, len(items))
+	for i := range items {
+		o := P(&items[i])
+		if p, ok := prev[o.GetUID()]; ok && o.GetResourceVersion() != "" && p.GetResourceVersion() == o.GetResourceVersion() {
+			o = p
+		}
+		out = append(out, o)
+		next[o.GetUID()] = o
+	}
+	return out, next
 }
 
 type memo struct {
@@ -168,12 +194,10 @@ func (a *Admitter) snapshot(ctx context.Context) (*admission.Snapshot, error) {
 	for i := range templates.Items {
 		s.Templates = append(s.Templates, &templates.Items[i])
 	}
-	for i := range slices.Items {
-		s.Slices = append(s.Slices, &slices.Items[i])
-	}
-	for i := range classes.Items {
-		s.Classes = append(s.Classes, &classes.Items[i])
-	}
+	a.mu.Lock()
+	s.Slices, a.slices = reuse(a.slices, slices.Items)
+	s.Classes, a.classes = reuse(a.classes, classes.Items)
+	a.mu.Unlock()
 	for i := range nodes.Items {
 		s.Nodes = append(s.Nodes, &nodes.Items[i])
 	}
