@@ -91,6 +91,9 @@ type placeCache struct {
 	keys     map[string]map[string]int32
 	exprs    map[string]*exprResults
 	versions versionCache
+	// entries counts what the indexes gained (a vector, a candidate list,
+	// a mask, key numbers), for full.
+	entries int
 }
 
 func newPlaceCache() *placeCache {
@@ -102,17 +105,18 @@ func newPlaceCache() *placeCache {
 	}
 }
 
-// maxCachedKeys bounds the device keys a placeCache holds: devices come and
-// go (each with its UUIDs), so an engine starts afresh beyond it.
-const maxCachedKeys = 1 << 17
+// maxCached bounds the device keys a placeCache holds and the entries its
+// indexes gained: devices come and go (each with its UUIDs) and claims
+// bring new selectors, so an engine starts afresh beyond it.
+const maxCached = 1 << 17
 
-// full says whether the cache holds more keys than maxCachedKeys.
+// full says whether the cache holds more than maxCached keys or entries.
 func (c *placeCache) full() bool {
-	n := 0
+	n := c.entries
 	for _, space := range c.keys {
 		n += len(space)
 	}
-	return n > maxCachedKeys
+	return n > maxCached
 }
 
 // sameObjects says whether a and b hold the same objects, in any order.

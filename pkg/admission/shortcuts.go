@@ -225,6 +225,7 @@ func (p *placer) keyIDs(sn *placeNode, e *exprResults) []int32 {
 		}
 	}
 	sn.keyIDs[e.sig] = ids
+	p.cache.entries++
 	return ids
 }
 
@@ -318,6 +319,7 @@ func (p *placer) slicesFor(ctx context.Context, sn *placeNode, claims []*resourc
 			}
 		}
 		sn.masks[sig] = mask
+		p.cache.entries++
 	}
 	out := make([]*resourceapi.ResourceSlice, len(sn.slices))
 	for i, s := range sn.slices {
@@ -425,6 +427,7 @@ func (p *placer) candidates(ctx context.Context, sn *placeNode, a alternative) [
 		}
 	}
 	sn.cands[a.selKey] = c
+	p.cache.entries++
 	return c
 }
 
@@ -445,6 +448,7 @@ func (p *placer) selects(ctx context.Context, sn *placeNode, expr string) []bool
 		}
 	}
 	sn.vectors[expr] = v
+	p.cache.entries++
 	return v
 }
 

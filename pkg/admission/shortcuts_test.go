@@ -206,3 +206,27 @@ func withoutShareIDs(res []resourceapi.AllocationResult) []resourceapi.Allocatio
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestPlaceCacheBounded: an engine drops what it kept across cycles once
+// it holds more than maxCached device keys or index entries.
+func TestPlaceCacheBounded(t *testing.T) {
+	e := NewEngine(DefaultConfig())
+	snap := &Snapshot{Classes: admissiontest.Classes()}
+	if _, err := e.Decide(context.Background(), snap); err != nil {
+		t.Fatal(err)
+	}
+	kept := e.places
+	if _, err := e.Decide(context.Background(), snap); err != nil {
+		t.Fatal(err)
+	}
+	if e.places != kept {
+		t.Fatal("the engine dropped its cache with nothing changed")
+	}
+	kept.entries = maxCached + 1
+	if _, err := e.Decide(context.Background(), snap); err != nil {
+		t.Fatal(err)
+	}
+	if e.places == kept {
+		t.Fatalf("the engine kept a cache of %d entries (bound %d)", kept.entries, maxCached)
+	}
+}
