@@ -40,10 +40,13 @@ type placeNode struct {
 	held map[structured.DeviceID]int
 	// deviceIndex is what the shortcuts derived from the slices.
 	*deviceIndex
-	// setVersion counts the allocation changes of each counter set;
-	// blockedAt remembers alternatives that found nothing on one.
-	setVersion map[string]uint64
+	// setVersion counts the allocation changes of each counter set (by
+	// its number in the device index); blockedAt remembers alternatives
+	// that found nothing on one; exclusive marks the devices allocated
+	// exclusively (flat). All three exist once the index does (nodeIndex).
+	setVersion []uint64
 	blockedAt  map[blockKey]uint64
+	exclusive  []bool
 	// altFails are the capacity requests at which alternatives failed, at
 	// version altFailsAt (see shortcuts.go).
 	altFails   map[string][]map[resourceapi.QualifiedName]resource.Quantity
@@ -65,7 +68,10 @@ type deviceIndex struct {
 	convertible map[devPos]bool
 	ids         [][]structured.DeviceID
 	positions   map[structured.DeviceID]devPos
-	counterSets map[devPos][]string
+	// counterSets are the counter sets each device consumes (flat), by
+	// their numbers in setNames.
+	counterSets [][]int32
+	setNames    []string
 	keyIDs      map[string][]int32  // per refs signature (placer.keyIDs)
 	masks       map[string][][]bool // per claims' selector signature
 	cands       map[string][]devPos // per alternative's selectors
@@ -168,7 +174,7 @@ type placer struct {
 	keyBuf   []byte
 	// Buffers of groupPrefix.
 	inBuf            map[devPos]bool
-	groupBuf, setBuf []string
+	groupBuf, setBuf []int32
 	// celEvaluations counts the evaluations the cached results did not spare.
 	celEvaluations int
 	// stripped and noSelectors are the claims and classes of
@@ -216,7 +222,7 @@ func newPlacer(nodes []*corev1.Node, all []*resourceapi.ResourceSlice, classes [
 	sorted := append([]*corev1.Node(nil), nodes...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	for i, n := range sorted {
-		sn := &placeNode{idx: i, node: n, state: allocation.NewState(), held: map[structured.DeviceID]int{}, setVersion: map[string]uint64{}, blockedAt: map[blockKey]uint64{}}
+		sn := &placeNode{idx: i, node: n, state: allocation.NewState(), held: map[structured.DeviceID]int{}, blockedAt: map[blockKey]uint64{}}
 		sn.usable = !n.Spec.Unschedulable && nodeReady(n)
 		sn.plain = sn.usable && len(n.Spec.Taints) == 0
 		c.nodes = append(c.nodes, sn)
@@ -277,7 +283,7 @@ func (c *placer) nodeOf(a *resourceapi.AllocationResult) *placeNode {
 
 func (c *placer) add(sn *placeNode, a *resourceapi.AllocationResult) {
 	sn.state.Add(a)
-	c.touched(sn, a)
+	c.changed(sn, a)
 	for _, r := range a.Devices.Results {
 		sn.held[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)]++
 	}
@@ -285,7 +291,6 @@ func (c *placer) add(sn *placeNode, a *resourceapi.AllocationResult) {
 }
 
 func (c *placer) remove(sn *placeNode, a *resourceapi.AllocationResult) {
-	c.touched(sn, a)
 	for _, r := range a.Devices.Results {
 		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
 		if sn.held[id]--; sn.held[id] <= 0 {
@@ -300,6 +305,7 @@ func (c *placer) remove(sn *placeNode, a *resourceapi.AllocationResult) {
 			sn.state.AggregatedCapacity.Remove(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
 		}
 	}
+	c.changed(sn, a)
 	sn.version++
 }
 

@@ -455,27 +455,47 @@ func (p *placer) selects(ctx context.Context, sn *placeNode, expr string) []bool
 // nodeIndex computes the node's device IDs, positions and counter sets
 // once.
 func (p *placer) nodeIndex(sn *placeNode) {
-	if sn.positions != nil {
-		return
+	if sn.positions == nil {
+		sn.positions = map[structured.DeviceID]devPos{}
+		sn.ids = make([][]structured.DeviceID, len(sn.slices))
+		sn.offsets = make([]int, len(sn.slices))
+		numbers := map[string]int32{}
+		for i, s := range sn.slices {
+			sn.offsets[i] = sn.devices
+			sn.devices += len(s.Spec.Devices)
+			for j := range s.Spec.Devices {
+				d := &s.Spec.Devices[j]
+				id := structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)
+				sn.ids[i] = append(sn.ids[i], id)
+				sn.positions[id] = devPos{i, j}
+				var sets []int32
+				for _, cc := range d.ConsumesCounters {
+					name := s.Spec.Driver + "/" + s.Spec.Pool.Name + "/" + cc.CounterSet
+					n, ok := numbers[name]
+					if !ok {
+						n = int32(len(sn.setNames))
+						numbers[name] = n
+						sn.setNames = append(sn.setNames, name)
+					}
+					sets = append(sets, n)
+				}
+				sn.counterSets = append(sn.counterSets, sets)
+			}
+		}
 	}
-	sn.positions = map[structured.DeviceID]devPos{}
-	sn.counterSets = map[devPos][]string{}
-	sn.ids = make([][]structured.DeviceID, len(sn.slices))
-	sn.offsets = make([]int, len(sn.slices))
-	for i, s := range sn.slices {
-		sn.offsets[i] = sn.devices
-		sn.devices += len(s.Spec.Devices)
-		for j := range s.Spec.Devices {
-			d := &s.Spec.Devices[j]
-			id := structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)
-			sn.ids[i] = append(sn.ids[i], id)
-			sn.positions[id] = devPos{i, j}
-			for _, cc := range d.ConsumesCounters {
-				sn.counterSets[devPos{i, j}] = append(sn.counterSets[devPos{i, j}], s.Spec.Driver+"/"+s.Spec.Pool.Name+"/"+cc.CounterSet)
+	if sn.setVersion == nil {
+		sn.setVersion = make([]uint64, len(sn.setNames))
+		sn.exclusive = make([]bool, sn.devices)
+		for id := range sn.state.AllocatedDevices {
+			if pos, ok := sn.positions[id]; ok {
+				sn.exclusive[sn.flat(pos)] = true
 			}
 		}
 	}
 }
+
+// flat is the device's place in flat per-device vectors.
+func (ix *deviceIndex) flat(pos devPos) int { return ix.offsets[pos.slice] + pos.device }
 
 // allocateLadder allocates a one-request claim by its alternatives in
 // order, each over a few devices, with the same result as the allocator
@@ -539,7 +559,7 @@ func (p *placer) allocateLadder(ctx context.Context, sn *placeNode, claims []*re
 			// Nothing in the list could be allocated for the alternative:
 			// its counter sets are blocked for it until they change.
 			for pos := range in {
-				if cs := sn.counterSets[pos]; len(cs) == 1 {
+				if cs := sn.counterSets[sn.flat(pos)]; len(cs) == 1 {
 					sn.blockedAt[blockKey{a.blockID, cs[0]}] = sn.setVersion[cs[0]] + 1
 				}
 			}
@@ -584,7 +604,7 @@ func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt int)
 		in[pos] = true
 	}
 	for _, pos := range list {
-		for _, cs := range sn.counterSets[pos] {
+		for _, cs := range sn.counterSets[sn.flat(pos)] {
 			if !slices.Contains(sets, cs) {
 				sets = append(sets, cs)
 			}
@@ -596,7 +616,7 @@ func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt int)
 			if !ok || in[pos] {
 				continue
 			}
-			for _, cs := range sn.counterSets[pos] {
+			for _, cs := range sn.counterSets[sn.flat(pos)] {
 				if slices.Contains(sets, cs) {
 					list = append(list, pos)
 					break
@@ -609,18 +629,18 @@ func (p *placer) groupPrefix(sn *placeNode, cands []devPos, groups int, alt int)
 	return list, in, all
 }
 
-func groupOf(sn *placeNode, pos devPos) string {
-	if cs := sn.counterSets[pos]; len(cs) == 1 {
+func groupOf(sn *placeNode, pos devPos) int32 {
+	if cs := sn.counterSets[sn.flat(pos)]; len(cs) == 1 {
 		return cs[0]
 	}
-	return "" // all others are one group
+	return -1 // all others are one group
 }
 
 // unavailable says whether the allocator cannot take the candidate for
 // the alternative: it is allocated exclusively, or its counter set is
 // blocked for the alternative.
 func (p *placer) unavailable(sn *placeNode, pos devPos, alt int) bool {
-	return sn.state.AllocatedDevices.Has(sn.ids[pos.slice][pos.device]) || p.blocked(sn, alt, pos)
+	return sn.exclusive[sn.flat(pos)] || p.blocked(sn, alt, pos)
 }
 
 // firstAvailable says whether every candidate before the chosen one that
@@ -707,7 +727,7 @@ func (p *placer) onlyCandidatesFree(sn *placeNode, cands, list []devPos) bool {
 		if _, found := slices.BinarySearchFunc(cands, pos, cmpPos); found {
 			continue
 		}
-		if !sn.state.AllocatedDevices.Has(sn.ids[pos.slice][pos.device]) {
+		if !sn.exclusive[sn.flat(pos)] {
 			return false
 		}
 	}
@@ -715,8 +735,8 @@ func (p *placer) onlyCandidatesFree(sn *placeNode, cands, list []devPos) bool {
 }
 
 func sharesCounterSet(sn *placeNode, a, b devPos) bool {
-	for _, cs := range sn.counterSets[a] {
-		if slices.Contains(sn.counterSets[b], cs) {
+	for _, cs := range sn.counterSets[sn.flat(a)] {
+		if slices.Contains(sn.counterSets[sn.flat(b)], cs) {
 			return true
 		}
 	}
@@ -831,7 +851,7 @@ func (p *placer) altFailed(sn *placeNode, a alternative) {
 // selects could be allocated for it when the set was at a version.
 type blockKey struct {
 	alt        int
-	counterSet string
+	counterSet int32
 }
 
 // blocked says whether the device is of a counter set on which the
@@ -841,7 +861,7 @@ type blockKey struct {
 // it (the device included) and nothing else of the node, so it cannot
 // have changed either.
 func (p *placer) blocked(sn *placeNode, alt int, pos devPos) bool {
-	cs := sn.counterSets[pos]
+	cs := sn.counterSets[sn.flat(pos)]
 	if len(cs) != 1 {
 		return false
 	}
@@ -849,17 +869,23 @@ func (p *placer) blocked(sn *placeNode, alt int, pos devPos) bool {
 	return ok && v == sn.setVersion[cs[0]]+1
 }
 
-// touched bumps the versions of the counter sets the allocation's devices
-// consume.
-func (p *placer) touched(sn *placeNode, a *resourceapi.AllocationResult) {
-	if sn.positions == nil {
+// changed records an allocation added to or removed from the node, once
+// the state has it: the versions of the counter sets its devices consume
+// change, and whether each of them is allocated exclusively. Before the
+// node's index exists there is nothing to record: nodeIndex reads the
+// state.
+func (p *placer) changed(sn *placeNode, a *resourceapi.AllocationResult) {
+	if sn.setVersion == nil {
 		return
 	}
 	for _, r := range a.Devices.Results {
-		if pos, ok := sn.positions[structured.MakeDeviceID(r.Driver, r.Pool, r.Device)]; ok {
-			for _, cs := range sn.counterSets[pos] {
+		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+		if pos, ok := sn.positions[id]; ok {
+			f := sn.flat(pos)
+			for _, cs := range sn.counterSets[f] {
 				sn.setVersion[cs]++
 			}
+			sn.exclusive[f] = sn.state.AllocatedDevices.Has(id)
 		}
 	}
 }
