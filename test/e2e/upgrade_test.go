@@ -80,8 +80,15 @@ func TestHelmUpgrade(t *testing.T) {
 	if pluginAfter.UID == pluginBefore.UID {
 		t.Fatalf("the DaemonSet did not replace its pod %s", pluginBefore.Name)
 	}
-	if _, err := cluster.Client.CoreV1().Pods(pluginBefore.Namespace).Get(ctx, pluginBefore.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the old plugin pod %s still exists (err %v)", pluginBefore.Name, err)
+	// With maxSurge 1 the DaemonSet deletes the old pod once the new one is
+	// available; it goes when it has terminated (its grace period).
+	gone := false
+	for deadline := time.Now().Add(90 * time.Second); !gone && time.Now().Before(deadline); time.Sleep(time.Second) {
+		_, err := cluster.Client.CoreV1().Pods(pluginBefore.Namespace).Get(ctx, pluginBefore.Name, metav1.GetOptions{})
+		gone = apierrors.IsNotFound(err)
+	}
+	if !gone {
+		t.Errorf("the old plugin pod %s still exists 90 s after the new one runs", pluginBefore.Name)
 	}
 	t.Logf("plugin pod %s replaced by %s", pluginBefore.Name, pluginAfter.Name)
 
