@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -82,14 +83,10 @@ func TestHelmUpgrade(t *testing.T) {
 	}
 	// With maxSurge 1 the DaemonSet deletes the old pod once the new one is
 	// available; it goes when it has terminated (its grace period).
-	gone := false
-	for deadline := time.Now().Add(90 * time.Second); !gone && time.Now().Before(deadline); time.Sleep(time.Second) {
+	waitFor(t, 90*time.Second, "the old plugin pod "+pluginBefore.Name+" gone", func(ctx context.Context) (bool, error) {
 		_, err := cluster.Client.CoreV1().Pods(pluginBefore.Namespace).Get(ctx, pluginBefore.Name, metav1.GetOptions{})
-		gone = apierrors.IsNotFound(err)
-	}
-	if !gone {
-		t.Errorf("the old plugin pod %s still exists 90 s after the new one runs", pluginBefore.Name)
-	}
+		return apierrors.IsNotFound(err), nil
+	})
 	t.Logf("plugin pod %s replaced by %s", pluginBefore.Name, pluginAfter.Name)
 
 	// The pod with the claim did not notice.
