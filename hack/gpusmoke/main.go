@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/gpusmoke"
 	"github.com/tessera-dev/tessera/pkg/plugin"
 )
@@ -45,6 +46,8 @@ func main() {
 	o.AddFlags(fs)
 	work := fs.String("work-dir", "", "Temporary directory for the CDI root, checkpoint and bundles (default: a new one, removed at the end).")
 	cc := fs.String("cc", "cc", "C compiler for the probe.")
+	probe := fs.String("probe-binary", "", "A probe built before (--build-probe); empty: build it with --cc.")
+	buildProbe := fs.String("build-probe", "", "Only build the probe with --cc into this path and exit (make gpu-smoke-kit, for a GPU machine without a C compiler).")
 	runc := fs.String("runc", "runc", "runc binary that runs the probe.")
 	noRun := fs.Bool("no-run", false, "Prepare, apply the specs and unprepare, but do not run the probe (no GPU needed with --gpu-backend=mock).")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -53,14 +56,22 @@ func main() {
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
-	if err := run(context.Background(), &o, *work, *cc, *runc, *noRun); err != nil {
+	ctx := context.Background()
+	if *buildProbe != "" {
+		if err := gpusmoke.BuildProbeTo(ctx, *cc, *buildProbe); err != nil {
+			fmt.Fprintln(os.Stderr, "gpu-smoke:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(ctx, &o, *work, *cc, *probe, *runc, *noRun); err != nil {
 		fmt.Fprintln(os.Stderr, "gpu-smoke FAILED:", err)
 		os.Exit(1)
 	}
 	fmt.Println("gpu-smoke: PASS")
 }
 
-func run(ctx context.Context, o *plugin.Options, work, cc, runc string, noRun bool) error {
+func run(ctx context.Context, o *plugin.Options, work, cc, probe, runc string, noRun bool) error {
 	if work == "" {
 		dir, err := os.MkdirTemp("", "tessera-gpu-smoke")
 		if err != nil {
@@ -126,8 +137,7 @@ func run(ctx context.Context, o *plugin.Options, work, cc, runc string, noRun bo
 	if len(cases) == 0 {
 		return fmt.Errorf("no GPU to test")
 	}
-	var probe string
-	if !noRun {
+	if !noRun && probe == "" {
 		if probe, err = gpusmoke.BuildProbe(ctx, cc, work); err != nil {
 			return err
 		}
@@ -168,10 +178,16 @@ func run(ctx context.Context, o *plugin.Options, work, cc, runc string, noRun bo
 			case r.Libcuda != "ok" || r.Init != 0 || r.Devices != 1:
 				failed = append(failed, fmt.Sprintf("%s: probe saw libcuda=%s init=%d devices=%d", c.name, r.Libcuda, r.Init, r.Devices))
 			case c.share:
-				if r.LimitHeld(shareMemory, 64<<20) {
-					fmt.Printf("== share: the %d MiB limit HELD (allocated %d MiB, total seen %d MiB)\n", shareMemory>>20, r.Allocated>>20, r.Total>>20)
-				} else {
-					fmt.Printf("== share: the %d MiB limit did NOT hold (allocated %d MiB, total seen %d MiB): advisory without an interposer or MPS (--interposer-library)\n", shareMemory>>20, r.Allocated>>20, r.Total>>20)
+				mode, enforced := b.Env(enforce.EnvTesseraMode), b.Env(enforce.EnvTesseraEnforced)
+				held := r.LimitHeld(shareMemory, 64<<20)
+				fmt.Printf("== share: mode %s (enforced by %s): %d MiB limit held: %v (allocated %d MiB in 256 MiB steps; cuMemGetInfo at start: %d MiB free of %d MiB)\n",
+					mode, enforced, shareMemory>>20, held, r.Allocated>>20, r.Free>>20, r.Total>>20)
+				switch {
+				case held:
+				case enforced == "" || enforced == string(enforce.Advisory):
+					fmt.Println("== share: expected: nothing enforces a share's memory without an interposer (--interposer-library) or MPS (--mps-control)")
+				default:
+					failed = append(failed, fmt.Sprintf("share: enforced by %s, yet the probe allocated %d MiB over a %d MiB limit", enforced, r.Allocated>>20, shareMemory>>20))
 				}
 			default:
 				fmt.Printf("== %s: probe saw %d device, %d MiB total, allocated %d MiB\n", c.name, r.Devices, r.Total>>20, r.Allocated>>20)

@@ -19,7 +19,7 @@ func TestSmokeOnMockGPUs(t *testing.T) {
 		MIGMode:        "dynamic",
 		NvidiaSMI:      "nvidia-smi",
 	}
-	if err := run(context.Background(), o, t.TempDir(), "cc", "runc", true); err != nil {
+	if err := run(context.Background(), o, t.TempDir(), "cc", "", "runc", true); err != nil {
 		t.Fatal(err)
 	}
 }

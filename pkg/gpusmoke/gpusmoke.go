@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -26,21 +27,29 @@ var probeSource []byte
 
 // BuildProbe compiles the probe with cc into dir and returns its path.
 func BuildProbe(ctx context.Context, cc, dir string) (string, error) {
-	src := filepath.Join(dir, "probe.c")
-	if err := os.WriteFile(src, probeSource, 0o644); err != nil {
-		return "", err
-	}
 	out := filepath.Join(dir, "probe")
+	return out, BuildProbeTo(ctx, cc, out)
+}
+
+// BuildProbeTo compiles the probe with cc into the executable out (its
+// source goes next to it, as out.c).
+func BuildProbeTo(ctx context.Context, cc, out string) error {
+	src := out + ".c"
+	if err := os.WriteFile(src, probeSource, 0o644); err != nil {
+		return err
+	}
 	cmd := exec.CommandContext(ctx, cc, "-O2", "-o", out, src, "-ldl")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build the probe with %s: %v: %s", cc, err, b)
+		return fmt.Errorf("build the probe with %s: %v: %s", cc, err, b)
 	}
-	return out, nil
+	return nil
 }
 
 // Bundle is an OCI bundle: config.json and a root file system holding the
-// probe and only the C libraries it links (from ldd), so that whatever
-// driver files the container sees come from the CDI spec.
+// probe, the C libraries it links (from ldd) and the rest of the C runtime
+// that any container image provides (libm, libpthread, librt, libgcc_s:
+// libcuda.so links them), so that whatever driver files the container sees
+// come from the CDI spec.
 type Bundle struct {
 	Dir    string
 	Rootfs string
@@ -57,6 +66,7 @@ func NewBundle(ctx context.Context, dir, probe string, args ...string) (*Bundle,
 	if err != nil {
 		return nil, err
 	}
+	libs = append(libs, runtimeLibraries(libs)...)
 	for _, l := range libs {
 		if err := copyInto(b.Rootfs, l, l); err != nil {
 			return nil, err
@@ -163,8 +173,22 @@ func ParseReport(out string) (Report, error) {
 
 // LimitHeld says whether a share of limit bytes held: the probe could not
 // allocate more than the limit (plus slack for the probe's own context).
+// What cuMemGetInfo reports as total does not matter: under MPS it is the
+// whole GPU while the pinned-memory limit still refuses allocations (seen
+// on an H200: total 143155 MiB, 256 MiB allocated under a 1024 MiB limit).
 func (r Report) LimitHeld(limit, slack uint64) bool {
-	return r.Allocated <= limit+slack && (r.Total == 0 || r.Total <= limit+slack)
+	return r.Allocated <= limit+slack
+}
+
+// Env returns the value of the variable key in the bundle's process
+// environment after ApplyCDI (the claim's enforcement settings).
+func (b *Bundle) Env(key string) string {
+	for _, e := range b.Spec.Process.Env {
+		if k, v, ok := strings.Cut(e, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
 }
 
 // linkedLibraries lists the shared objects probe loads at start (ldd).
@@ -187,6 +211,35 @@ func linkedLibraries(ctx context.Context, probe string) ([]string, error) {
 		}
 	}
 	return libs, nil
+}
+
+// imageRuntime is the C runtime every container image with glibc has,
+// beyond what the probe itself links; the driver's libraries (libcuda.so
+// links libm, libpthread and librt) expect it from the image.
+var imageRuntime = []string{"libm.so.6", "libpthread.so.0", "librt.so.1", "libdl.so.2", "libgcc_s.so.1"}
+
+// runtimeLibraries finds imageRuntime next to the libc.so.6 among libs.
+func runtimeLibraries(libs []string) []string {
+	var out []string
+	for _, l := range libs {
+		if filepath.Base(l) != "libc.so.6" {
+			continue
+		}
+		for _, name := range imageRuntime {
+			f := filepath.Join(filepath.Dir(l), name)
+			if slices.Contains(libs, f) {
+				continue
+			}
+			if p, err := filepath.EvalSymlinks(f); err == nil {
+				out = append(out, f)
+				if p != f {
+					out = append(out, p)
+				}
+			}
+		}
+		break
+	}
+	return out
 }
 
 // copyInto copies the file src (following links) to dst inside root.

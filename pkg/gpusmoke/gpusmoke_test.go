@@ -91,6 +91,14 @@ func TestBundleAppliesTheCDISpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The driver's libcuda.so links libm: the bundle carries an image's C
+	// runtime, not only what the probe links (a real GPU showed
+	// "libm.so.6: cannot open shared object file").
+	if m, _ := filepath.Glob(filepath.Join(b.Rootfs, "*", "*", "libm.so.6")); len(m) == 0 {
+		if m, _ = filepath.Glob(filepath.Join(b.Rootfs, "*", "libm.so.6")); len(m) == 0 {
+			t.Errorf("no libm.so.6 in the bundle's root file system")
+		}
+	}
 	if err := b.ApplyCDI(cdiDir, "gpu.tessera.dev/claim=uid-1-gpu-0"); err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +115,9 @@ func TestBundleAppliesTheCDISpec(t *testing.T) {
 	var spec oci.Spec
 	if err := json.Unmarshal(data, &spec); err != nil {
 		t.Fatal(err)
+	}
+	if got := b.Env("CUDA_DEVICE_MEMORY_LIMIT_0"); got != "1024m" {
+		t.Errorf("Env(CUDA_DEVICE_MEMORY_LIMIT_0) = %q", got)
 	}
 	if strings.Join(spec.Process.Args, " ") != "/probe 64" {
 		t.Errorf("args %v", spec.Process.Args)
@@ -166,6 +177,11 @@ func TestParseReportAndLimit(t *testing.T) {
 	}
 	if !(Report{Libcuda: "ok", Allocated: 1000, Total: 1024}).LimitHeld(1024, 0) {
 		t.Error("1000 of 1024 did not hold")
+	}
+	// MPS on an H200: cuMemGetInfo shows the whole GPU, the pinned limit
+	// still refused the second 256 MiB step.
+	if !(Report{Libcuda: "ok", Allocated: 256 << 20, Free: 535402352, Total: 150109880320}).LimitHeld(1<<30, 64<<20) {
+		t.Error("256 MiB under MPS with a 1 GiB limit did not hold")
 	}
 	if _, err := ParseReport("garbage"); err == nil {
 		t.Error("no error for output without libcuda=")
