@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke bench bench-smoke bench-scale clean help
+.PHONY: all build test unit fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale clean help
 
 all: build
 
@@ -72,6 +72,10 @@ print-slices:
 ## gpu-smoke: on a machine with a real NVIDIA GPU (root, no cluster): discovery, prepare, the CUDA probe in a container per claim, unprepare (docs/hardware.md; GPU_SMOKE_ARGS=...)
 gpu-smoke:
 	hack/gpu-smoke.sh $(GPU_SMOKE_ARGS)
+
+## gpu-smoke-kit: build what gpu-smoke runs (smoke binary, nvidia-cdi-hook, runc, probe) into $(BIN)/gpu-smoke-kit.tgz, for a GPU machine without Go (docs/hardware.md)
+gpu-smoke-kit:
+	mkdir -p $(BIN) && hack/gpu-smoke.sh --build-kit $(BIN)/gpu-smoke-kit.tgz
 
 ## demo: the main job: build what is missing, bring up a real local cluster, run every demo/ scenario with narration, tear down (DEMO_ARGS=--keep keeps it)
 demo: demo-cluster

@@ -188,7 +188,10 @@ func fullGPUDevices(inv *inventory.Inventory, gpu inventory.GPU, cfg Config) (gp
 	}
 	// Every capacity of a shareable device is consumed by each share (its
 	// default when not requested), so the SM count is an attribute here.
-	whole.Attributes[AttrMultiprocessors] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(gpu.Multiprocessors))}
+	// Left out when discovery could not tell (never published as 0).
+	if gpu.Multiprocessors > 0 {
+		whole.Attributes[AttrMultiprocessors] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(gpu.Multiprocessors))}
+	}
 	out := gpuDevices{devices: []resourceapi.Device{whole}}
 	n := cfg.timeSlicesFor(gpu.Index, gpu.UUID)
 	if n == 0 {

@@ -103,9 +103,7 @@ func discoverGPU(index int, dev nvml.Device) (*inventory.GPU, error) {
 	if major, minor, ret := dev.GetCudaComputeCapability(); ret == nvml.SUCCESS {
 		g.CUDAComputeCap = fmt.Sprintf("%d.%d", major, minor)
 	}
-	if attrs, ret := dev.GetAttributes(); ret == nvml.SUCCESS {
-		g.Multiprocessors = int(attrs.MultiprocessorCount)
-	}
+	g.Multiprocessors = multiprocessors(dev)
 	if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
 		g.PCIBusID = normalizeBusID(int8String(pci.BusId[:]))
 	}
@@ -295,4 +293,41 @@ func normalizeBusID(id string) string {
 		return dom[4:] + ":" + rest
 	}
 	return id
+}
+
+// multiprocessors is the GPU's SM count, 0 when unknown.
+// nvmlDeviceGetAttributes fills MultiprocessorCount for MIG devices; for a
+// whole GPU with MIG off it returned SUCCESS and 0 on an H200 (driver
+// 580.159.04). The count then comes from the CUDA cores and the cores per
+// SM of the compute capability (as CUDA's own samples convert them).
+func multiprocessors(dev nvml.Device) int {
+	if attrs, ret := dev.GetAttributes(); ret == nvml.SUCCESS && attrs.MultiprocessorCount > 0 {
+		return int(attrs.MultiprocessorCount)
+	}
+	cores, ret := dev.GetNumGpuCores()
+	if ret != nvml.SUCCESS || cores <= 0 {
+		return 0
+	}
+	major, minor, ret := dev.GetCudaComputeCapability()
+	if ret != nvml.SUCCESS {
+		return 0
+	}
+	if per := CoresPerSM(major, minor); per > 0 && cores%per == 0 {
+		return cores / per
+	}
+	return 0
+}
+
+// CoresPerSM is the number of CUDA cores per streaming multiprocessor for
+// a compute capability, 0 when unknown: 64 for Volta, Turing and GA100
+// (7.x, 8.0), 128 from GA10x on (8.6, 8.7, 8.9, Hopper 9.0, Blackwell 10.x
+// and 12.x).
+func CoresPerSM(major, minor int) int {
+	switch {
+	case major == 7, major == 8 && minor == 0:
+		return 64
+	case major == 8, major == 9, major == 10, major == 12:
+		return 128
+	}
+	return 0
 }

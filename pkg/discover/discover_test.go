@@ -92,3 +92,45 @@ func TestDiscoverReportsNVMLFailure(t *testing.T) {
 		t.Fatalf("error %v", err)
 	}
 }
+
+// A whole GPU's SM count comes from its CUDA cores when
+// nvmlDeviceGetAttributes reports none (what a real H200 did with MIG off).
+func TestDiscoverMultiprocessorsOfWholeGPUs(t *testing.T) {
+	for _, tc := range []struct {
+		model string
+		want  int
+	}{
+		{"t4", 40}, {"a10", 72}, {"a100-40gb", 108}, {"h100-80gb", 132}, {"h200-141gb", 132},
+	} {
+		t.Run(tc.model, func(t *testing.T) {
+			spec, err := nvmlmock.ParseProfile(tc.model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv, err := nvmlmock.New(nvmlmock.Options{Spec: spec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, _ := srv.Devices()[0].GetAttributes(); a.MultiprocessorCount != 0 {
+				t.Fatalf("the mock reports %d SMs for a whole GPU; the real driver reports 0", a.MultiprocessorCount)
+			}
+			inv, err := discover.Discover(context.Background(), srv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := inv.GPUs[0].Multiprocessors; got != tc.want {
+				t.Errorf("multiprocessors %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCoresPerSM(t *testing.T) {
+	for _, tc := range []struct{ major, minor, want int }{
+		{7, 0, 64}, {7, 5, 64}, {8, 0, 64}, {8, 6, 128}, {8, 9, 128}, {9, 0, 128}, {10, 0, 128}, {12, 0, 128}, {6, 1, 0}, {11, 0, 0},
+	} {
+		if got := discover.CoresPerSM(tc.major, tc.minor); got != tc.want {
+			t.Errorf("CoresPerSM(%d.%d) = %d, want %d", tc.major, tc.minor, got, tc.want)
+		}
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/google/uuid"
+
+	"github.com/tessera-dev/tessera/pkg/discover"
 )
 
 // Options configure a mock server.
@@ -212,8 +214,14 @@ func (d *Device) setFuncs() {
 		total := m.MemoryMiB << 20
 		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
 	}
+	// As the real driver does for a whole GPU (seen on an H200, driver
+	// 580.159.04): SUCCESS with no SM count; the count comes from the
+	// CUDA cores.
 	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
-		return nvml.DeviceAttributes{MultiprocessorCount: m.Multiprocessors, MemorySizeMB: m.MemoryMiB}, nvml.SUCCESS
+		return nvml.DeviceAttributes{MemorySizeMB: m.MemoryMiB}, nvml.SUCCESS
+	}
+	d.GetNumGpuCoresFunc = func() (int, nvml.Return) {
+		return int(m.Multiprocessors) * discover.CoresPerSM(m.CCMajor, m.CCMinor), nvml.SUCCESS
 	}
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
 		p := nvml.PciInfo{Domain: 0, Bus: uint32(0x10 + d.Index), PciDeviceId: m.PciDeviceID}
