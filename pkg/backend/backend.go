@@ -7,11 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/tessera-dev/tessera/pkg/discover"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 )
 
@@ -48,6 +50,15 @@ type Backend struct {
 	Mock *nvmlmock.Server
 	// stateDir is Options.MockStateDir.
 	stateDir string
+}
+
+// SysFS is where discovery reads the GPUs' topology: the mock GPUs' own,
+// else the host's /sys.
+func (b *Backend) SysFS() fs.ReadLinkFS {
+	if b.Mock != nil {
+		return b.Mock.SysFS()
+	}
+	return discover.HostSysFS()
 }
 
 // Close shuts the library down.

@@ -46,6 +46,8 @@ const (
 	AttrTimeSlices      = "timeSlices"
 	AttrMultiprocessors = "multiprocessors"
 	AttrPCIBusID        = "resource.kubernetes.io/pciBusID"
+	AttrPCIeRoot        = "resource.kubernetes.io/pcieRoot"
+	AttrNUMANode        = "resource.kubernetes.io/numaNode"
 	CapMemory           = "memory"
 	CapCores            = "cores"
 	CapMultiprocessors  = "multiprocessors"
@@ -143,6 +145,15 @@ func commonAttributes(inv *inventory.Inventory, gpu inventory.GPU, typ string) m
 	}
 	if gpu.PCIBusID != "" {
 		attrs[AttrPCIBusID] = resourceapi.DeviceAttribute{StringValue: ptr.To(gpu.PCIBusID)}
+	}
+	// Every device of the GPU (whole, share, time slice, MIG) sits where
+	// the GPU sits: a claim can align any of them with another driver's
+	// device (a NIC) by matchAttribute.
+	if gpu.Topology.PCIeRoot != "" {
+		attrs[AttrPCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(gpu.Topology.PCIeRoot)}
+	}
+	if gpu.Topology.HasNUMANode {
+		attrs[AttrNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(gpu.Topology.NUMANode))}
 	}
 	return attrs
 }

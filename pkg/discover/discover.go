@@ -47,9 +47,15 @@ func nvmlErr(what string, ret nvml.Return) error {
 	return fmt.Errorf("%s: %s", what, nvml.ErrorString(ret))
 }
 
-// Discover lists every GPU. lib must already be initialised.
+// Discover lists every GPU. lib must already be initialised. Each GPU's
+// topology comes from the host's /sys, or from lib's own when it is a
+// SysFSProvider (the mock GPUs).
 func Discover(ctx context.Context, lib nvml.Interface) (*inventory.Inventory, error) {
 	logger := klog.FromContext(ctx)
+	sysfs := HostSysFS()
+	if p, ok := lib.(SysFSProvider); ok {
+		sysfs = p.SysFS()
+	}
 	inv := &inventory.Inventory{}
 	var ret nvml.Return
 	if inv.DriverVersion, ret = lib.SystemGetDriverVersion(); ret != nvml.SUCCESS {
@@ -71,6 +77,7 @@ func Discover(ctx context.Context, lib nvml.Interface) (*inventory.Inventory, er
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
+		gpu.Topology = topology(ctx, sysfs, gpu.PCIBusID)
 		logger.V(4).Info("Discovered GPU", "index", i, "uuid", gpu.UUID, "product", gpu.ProductName, "mig", gpu.MIGEnabled, "migInstances", len(gpu.MIGInstances))
 		inv.GPUs = append(inv.GPUs, *gpu)
 	}

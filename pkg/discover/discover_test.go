@@ -134,3 +134,30 @@ func TestCoresPerSM(t *testing.T) {
 		}
 	}
 }
+
+// The mock GPUs' topology comes from their own sysfs, read by the same
+// upstream helpers as a real node's: a DGX H100 pairs GPUs per root complex
+// over two NUMA nodes.
+func TestDiscoverMockTopology(t *testing.T) {
+	spec, _ := nvmlmock.ParseProfile("dgxh100")
+	srv, err := nvmlmock.New(nvmlmock.Options{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := discover.Discover(context.Background(), srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range inv.GPUs {
+		root, numa := nvmlmock.Topology(i, len(inv.GPUs))
+		if g.Topology.PCIeRoot != root || !g.Topology.HasNUMANode || g.Topology.NUMANode != numa {
+			t.Errorf("GPU %d (%s): topology %+v, want root %s NUMA %d", i, g.PCIBusID, g.Topology, root, numa)
+		}
+	}
+	if inv.GPUs[0].Topology.PCIeRoot != inv.GPUs[1].Topology.PCIeRoot || inv.GPUs[1].Topology.PCIeRoot == inv.GPUs[2].Topology.PCIeRoot {
+		t.Errorf("GPUs 0 and 1 share a root, 2 has its own: %+v", inv.GPUs[:3])
+	}
+	if inv.GPUs[3].Topology.NUMANode != 0 || inv.GPUs[4].Topology.NUMANode != 1 {
+		t.Errorf("GPUs 0-3 on NUMA 0, 4-7 on NUMA 1: %+v", inv.GPUs)
+	}
+}

@@ -21,7 +21,9 @@ type GPU struct {
 	Architecture    string
 	CUDAComputeCap  string
 	PCIBusID        string
-	MemoryBytes     uint64
+	// Topology is where the GPU sits, from sysfs; empty when unknown.
+	Topology    Topology
+	MemoryBytes uint64
 	Multiprocessors int
 	// MIGCapable is true when the GPU supports MIG at all.
 	MIGCapable bool
@@ -31,6 +33,18 @@ type GPU struct {
 	MIGProfiles []MIGProfile
 	// MIGInstances lists the MIG devices that exist now.
 	MIGInstances []MIGInstance
+}
+
+// Topology places a GPU among the node's PCIe root complexes and NUMA
+// nodes, for the standard attributes resource.kubernetes.io/pcieRoot and
+// numaNode that other drivers' devices (NICs) publish too.
+type Topology struct {
+	// PCIeRoot is the root complex, e.g. "pci0000:00"; "" when unknown.
+	PCIeRoot string
+	// NUMANode is the GPU's NUMA node when HasNUMANode (sysfs reports -1
+	// for a device with no NUMA affinity, as in many VMs).
+	NUMANode    int
+	HasNUMANode bool
 }
 
 // Placement is a GPU instance placement in memory slices.

@@ -224,7 +224,7 @@ func (d *Device) setFuncs() {
 		return int(m.Multiprocessors) * discover.CoresPerSM(m.CCMajor, m.CCMinor), nvml.SUCCESS
 	}
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
-		p := nvml.PciInfo{Domain: 0, Bus: uint32(0x10 + d.Index), PciDeviceId: m.PciDeviceID}
+		p := nvml.PciInfo{Domain: 0, Bus: pciBus(d.Index), PciDeviceId: m.PciDeviceID}
 		copy8(p.BusId[:], fmt.Sprintf("00000000:%02X:00.0", p.Bus))
 		return p, nvml.SUCCESS
 	}

@@ -5,13 +5,17 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
@@ -167,4 +171,55 @@ func requirePlugin(t *testing.T) {
 	if !cluster.PluginRunning() {
 		t.Skip("the Tessera kubelet plugin is not running in this cluster")
 	}
+}
+
+// editClient acts in namespace ns as a namespace user with the built-in
+// `edit` role: a ServiceAccount "tenant" bound to it, through impersonation.
+func editClient(t *testing.T, ns string) kubernetes.Interface {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := cluster.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "tenant-edit"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "tenant", Namespace: ns}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "edit"},
+	}
+	if _, err := cluster.Client.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", cluster.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Impersonate.UserName = "system:serviceaccount:" + ns + ":tenant"
+	cfg.Impersonate.Groups = []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// applyYAML applies manifests as the cluster's admin and deletes them when
+// the test ends.
+func applyYAML(t *testing.T, manifests string) {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "manifests-*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(manifests); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if out, err := cluster.Kubectl(t.Context(), "apply", "-f", f.Name()); err != nil {
+		t.Fatalf("applying manifests: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = cluster.Kubectl(ctx, "delete", "-f", f.Name(), "--ignore-not-found")
+	})
 }

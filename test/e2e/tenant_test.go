@@ -5,19 +5,16 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"text/tabwriter"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
@@ -91,45 +88,11 @@ spec:
   selectors:
   - cel: {expression: 'device.driver == "nic.example.com"'}
 `
-	f, err := os.CreateTemp(t.TempDir(), "queues-*.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString(queues); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	if out, err := cluster.Kubectl(ctx, "apply", "-f", f.Name()); err != nil {
-		t.Fatalf("creating queues and classes: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = cluster.Kubectl(ctx, "delete", "-f", f.Name(), "--ignore-not-found")
-	})
+	applyYAML(t, queues)
 
 	tenant := map[string]kubernetes.Interface{}
 	for _, n := range []string{ns, managed} {
-		if _, err := admin.CoreV1().ServiceAccounts(n).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		rb := &rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "tenant-edit"},
-			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "tenant", Namespace: n}},
-			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "edit"},
-		}
-		if _, err := admin.RbacV1().RoleBindings(n).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := clientcmd.BuildConfigFromFlags("", cluster.Kubeconfig)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Impersonate.UserName = "system:serviceaccount:" + n + ":tenant"
-		cfg.Impersonate.Groups = []string{"system:serviceaccounts", "system:serviceaccounts:" + n, "system:authenticated"}
-		if tenant[n], err = kubernetes.NewForConfig(cfg); err != nil {
-			t.Fatal(err)
-		}
+		tenant[n] = editClient(t, n)
 	}
 	interposer := `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","enforcement":"interposer"}`
 	for _, n := range []string{ns, managed} {
@@ -216,7 +179,7 @@ spec:
 	row("drop a running pod's charge (remove tessera.dev/queue)", held, "%s", out)
 	held, out = refusal(patch("waiting", `{"metadata":{"labels":{"tessera.dev/gang":"g","tessera.dev/gang-size":"1"}}}`), "cannot change once the pod exists")
 	row("regroup a pod into a gang (add tessera.dev/gang)", held, "%s", out)
-	_, err = c.Create(ctx, queued(claimPod("other-queue", "gpu"), "team-other"), metav1.CreateOptions{})
+	_, err := c.Create(ctx, queued(claimPod("other-queue", "gpu"), "team-other"), metav1.CreateOptions{})
 	held, out = refusal(err, "queue team-other takes pods only from namespaces matching its namespaceSelector")
 	row("spend another team's quota (name queue team-other)", held, "%s", out)
 
