@@ -116,6 +116,8 @@ type Verdict struct {
 	Message  string
 	// Invalid marks bad input: the workload is not admitted as it is.
 	Invalid bool
+	// Fault classifies bad input (one of Faults) when Invalid.
+	Fault string
 }
 
 // Eviction is an admitted workload to evict (all its pods).
@@ -407,7 +409,15 @@ func (c *cycle) chargeAdmitted() error {
 		}
 		ok, err := t.placePod(c.ctx, r.pod, r.infos)
 		if err != nil {
-			return err
+			if ctxErr := c.ctx.Err(); ctxErr != nil {
+				return ctxErr
+			}
+			// The allocator refuses its claims now (a class changed): it
+			// is charged its estimate, as when it does not fit, and the
+			// cycle goes on.
+			c.logger.V(2).Info("Admitted pod's claims cannot be placed again", "pod", klog.KObj(r.pod), "err", err)
+			t.rollback()
+			ok = false
 		}
 		if ok {
 			c.reserve(r.w, t)
@@ -482,11 +492,14 @@ func (c *cycle) prepare(w *Workload) (queue.Vector, *Verdict) {
 				continue
 			}
 			seen[pc.Key] = true
+			if f := checkClaim(pc); f != nil {
+				return total, &Verdict{Workload: w, Reason: ReasonInvalid, Invalid: true, Fault: f.fault, Message: fmt.Sprintf("%s: %s", w.Describe(), f.msg)}
+			}
 			est := c.estimate(pc)
 			var bad *demand.BadInputError
 			switch {
 			case errors.As(est.err, &bad):
-				return total, &Verdict{Workload: w, Reason: ReasonInvalid, Invalid: true, Message: fmt.Sprintf("%s: %s", w.Describe(), bad.Msg)}
+				return total, &Verdict{Workload: w, Reason: ReasonInvalid, Invalid: true, Fault: FaultClaim, Message: fmt.Sprintf("%s: %s", w.Describe(), bad.Msg)}
 			case est.err != nil:
 				return total, &Verdict{Workload: w, Reason: ReasonNoDeviceMatches, Message: fmt.Sprintf("%s: %v", w.Describe(), est.err)}
 			}
@@ -510,7 +523,7 @@ func (c *cycle) decidePending(pending []*Workload) error {
 	for _, w := range pending {
 		switch {
 		case w.problem != "":
-			c.verdict(&Verdict{Workload: w, Reason: ReasonInvalid, Message: w.problem, Invalid: true})
+			c.verdict(&Verdict{Workload: w, Reason: ReasonInvalid, Message: w.problem, Invalid: true, Fault: FaultLabels})
 			continue
 		case w.wait != "":
 			c.countPending(w)
@@ -589,7 +602,7 @@ func (c *cycle) decidePending(pending []*Workload) error {
 					active[a]--
 				}
 			}
-			deferred, err := c.decide(lq.work[i], lq.demand[i], pass)
+			deferred, err := c.decideIsolated(lq.work[i], lq.demand[i], pass)
 			if err != nil {
 				return err
 			}
@@ -656,7 +669,7 @@ func (c *cycle) decide(w *Workload, d queue.Vector, pass int) (bool, error) {
 	}
 	t, fit, err := c.simulate(w)
 	if err != nil {
-		return false, err
+		return false, err // simulate rolled back
 	}
 	if fit == len(w.Pods) {
 		c.admit(w, t)
@@ -693,7 +706,8 @@ func (c *cycle) fitMessage(w *Workload, fit int) string {
 
 // simulate places the claims of every member; it returns the trial (with
 // placements applied) and the number of members that fit. Members that
-// fail do not stop the count.
+// fail do not stop the count. An error of the allocator stops it, with the
+// trial rolled back.
 func (c *cycle) simulate(w *Workload) (*trial, int, error) {
 	t := c.cl.newTrial()
 	fit := 0
@@ -715,6 +729,7 @@ func (c *cycle) simulate(w *Workload) (*trial, int, error) {
 		}
 		ok, err := t.placePod(c.ctx, p, infos)
 		if err != nil {
+			t.rollback()
 			return t, 0, err
 		}
 		if ok {

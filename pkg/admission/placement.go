@@ -76,6 +76,11 @@ type deviceIndex struct {
 	masks       map[string][][]bool // per claims' selector signature
 	cands       map[string][]devPos // per alternative's selectors
 	vectors     map[string][]bool   // per CEL expression
+	// failing marks the CEL expressions (of vectors) that fail to compile
+	// or to evaluate on some device of the node; failSigs caches
+	// selectorsFail per claims' selector signature.
+	failing  map[string]bool
+	failSigs map[string]bool
 }
 
 func newDeviceIndex(slices []*resourceapi.ResourceSlice) *deviceIndex {
@@ -86,6 +91,8 @@ func newDeviceIndex(slices []*resourceapi.ResourceSlice) *deviceIndex {
 		masks:       map[string][][]bool{},
 		cands:       map[string][]devPos{},
 		vectors:     map[string][]bool{},
+		failing:     map[string]bool{},
+		failSigs:    map[string]bool{},
 	}
 }
 
@@ -315,6 +322,13 @@ func (c *placer) allocate(ctx context.Context, sn *placeNode, claims []*resource
 	if c.knownToFail(sn, claims) {
 		c.sharedFailures++
 		return nil, nil
+	}
+	if !c.exact && c.selectorsFail(ctx, sn, claims) {
+		// What the allocator reports depends on the order in which it
+		// meets the failing devices: only the exact call says.
+		c.calls++
+		// Its failures are not recorded for knownToFail either.
+		return allocation.Allocate(ctx, c.features, sn.state, c.classes, sn.slices, c.cel, sn.node, claims)
 	}
 	if res, ok, err := c.allocateLadder(ctx, sn, claims); ok {
 		return res, err

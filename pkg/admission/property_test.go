@@ -278,3 +278,110 @@ type (
 	resourceClaim         = resourceapi.ResourceClaim
 	resourceClaimTemplate = resourceapi.ResourceClaimTemplate
 )
+
+var hostileSteps = flag.Int("hostile-steps", 40, "steps per sequence of TestHostileProperty")
+
+// TestHostileProperty drives the random sequences of TestProperty's kind
+// with hostile claims mixed in (extreme counts and quantities, selectors
+// that fail at run time, invalid specs, see hostileTemplates), in two
+// worlds at once, shortcuts on and off, and checks after every cycle that
+// no cycle fails or panics, no queue is over its limit, every admitted
+// pod is placed, and the two worlds decide alike (admissions, nodes,
+// charges, verdict reasons and faults). TestFaultIsolation checks that a
+// good pod is admitted in the cycle it arrives beside hostile ones.
+func TestHostileProperty(t *testing.T) {
+	for seed := range max(*propertySeeds/2, 1) {
+		t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
+			runHostile(t, uint64(seed), *hostileSteps)
+		})
+	}
+}
+
+// FuzzHostileCycles runs the hostile sequences from fuzzed seeds:
+// go test ./pkg/admission -run '^$' -fuzz FuzzHostileCycles -fuzztime 5m
+func FuzzHostileCycles(f *testing.F) {
+	f.Add(uint64(1), uint8(20))
+	f.Add(uint64(7), uint8(60))
+	f.Fuzz(func(t *testing.T, seed uint64, steps uint8) {
+		runHostile(t, seed, int(steps)%80+1)
+	})
+}
+
+func runHostile(t *testing.T, seed uint64, steps int) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	hostile := hostileTemplates()
+	var hostileNames []string
+	for n := range hostile {
+		hostileNames = append(hostileNames, n)
+	}
+	sort.Strings(hostileNames)
+	worlds := make([]*world, 2)
+	for i := range worlds {
+		c := cfg()
+		c.ExactPlacement = i == 1
+		w := newWorld(t, c)
+		w.node("n0", NodeOptions{Profile: "h100-80gb:2"})
+		w.node("n1", NodeOptions{Profile: "l4:2", TimeSlices: 2})
+		w.queue(Queue("a", "", "20Gi", "40Gi"))
+		w.queue(Queue("b", "", "", "10Gi"))
+		w.queue(Queue("zero", "", "", "0"))
+		w.template(Template("ns", "s4", Request{Memory: "4Gi"}))
+		w.template(Template("ns", "whole", Request{}))
+		for _, n := range hostileNames {
+			w.template(hostile[n])
+		}
+		worlds[i] = w
+	}
+	leaves := []string{"a", "b", "zero"}
+	seq := 0
+	for step := range steps {
+		op := rng.IntN(10)
+		q := leaves[rng.IntN(len(leaves))]
+		tm := hostileNames[rng.IntN(len(hostileNames))]
+		if op < 4 {
+			tm = []string{"s4", "whole"}[rng.IntN(2)]
+		}
+		var finish string
+		if op >= 8 {
+			for _, p := range worlds[0].snap.Pods {
+				if p.Spec.NodeName != "" && p.Status.Phase == "" {
+					finish = p.Name
+					break
+				}
+			}
+		}
+		seq++
+		for _, w := range worlds {
+			if finish != "" {
+				w.finish(finish)
+			} else {
+				w.pod(fmt.Sprintf("p%d", seq), PodOptions{Queue: q, Templates: []string{tm}})
+			}
+			w.cycle()
+			checkLimits(t, w, step)
+			w.schedule()
+			checkPlaceable(t, w, step)
+		}
+		if a, b := decisionString(worlds[0].last), decisionString(worlds[1].last); a != b {
+			t.Fatalf("step %d: shortcuts decide\n%s\nexact placement decides\n%s", step, a, b)
+		}
+	}
+}
+
+// decisionString renders what a cycle decided: admissions with their
+// nodes, verdicts with their reasons and faults.
+func decisionString(d *admission.Decision) string {
+	var lines []string
+	for _, a := range d.Admit {
+		var nodes []string
+		for _, p := range a.Pods {
+			nodes = append(nodes, p.Name+"@"+a.Nodes[p.UID])
+		}
+		lines = append(lines, fmt.Sprintf("admit %s %v %s", a.Workload.Key, nodes, a.Charge))
+	}
+	for _, v := range d.Waiting {
+		lines = append(lines, fmt.Sprintf("wait %s %s %s", v.Workload.Key, v.Reason, v.Fault))
+	}
+	sort.Strings(lines)
+	return fmt.Sprint(lines)
+}

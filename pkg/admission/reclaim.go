@@ -114,6 +114,16 @@ func (c *cycle) reclaim(w *Workload, fitMsg string) (bool, error) {
 		restore(victims[i])
 		ok, err := fits()
 		if err != nil {
+			// Leave the books as they were: the workload is set aside
+			// (decideIsolated), the cycle goes on.
+			for j, v := range victims {
+				if j != i {
+					restore(v)
+				}
+			}
+			for _, a := range terminating {
+				hold(a)
+			}
 			return false, err
 		}
 		if ok {

@@ -229,36 +229,52 @@ func (p *placer) keyIDs(sn *placeNode, e *exprResults) []int32 {
 	return ids
 }
 
-// matches says whether the expression selects the node's device at pos; an
-// expression that does not compile or fails counts as a match, so that the
-// allocator sees the device and reports the error itself.
+// matches says whether the expression selects the node's device at pos.
+// An expression that does not compile or fails at run time on the device
+// selects nothing (as for kube-scheduler, whose allocator reports the
+// error and never allocates the device): shortcuts never run for claims
+// whose selectors fail on a node (selectorsFail), the exact allocator
+// call reports the error instead.
 func (p *placer) matches(ctx context.Context, expr string, sn *placeNode, pos devPos) bool {
 	e := p.expr(expr)
-	return p.result(ctx, expr, e, p.keyIDs(sn, e)[sn.offsets[pos.slice]+pos.device], sn, pos)
+	return p.result(ctx, expr, e, p.keyIDs(sn, e)[sn.offsets[pos.slice]+pos.device], sn, pos) == celMatch
 }
 
+// CEL results as exprResults keeps them.
+const (
+	celUnknown int8 = iota
+	celNoMatch
+	celMatch
+	celError
+)
+
 // result is e's result for key id, evaluated on the node's device at pos
-// (which has that key) when not known yet.
-func (p *placer) result(ctx context.Context, expr string, e *exprResults, id int32, sn *placeNode, pos devPos) bool {
+// (which has that key) when not known yet: celMatch, celNoMatch or
+// celError (the expression does not compile or fails on the device).
+func (p *placer) result(ctx context.Context, expr string, e *exprResults, id int32, sn *placeNode, pos devPos) int8 {
 	if n := int(id) + 1; n > len(e.results) {
 		e.results = append(e.results, make([]int8, n-len(e.results))...)
 	}
-	if r := e.results[id]; r != 0 {
-		return r == 2
+	if r := e.results[id]; r != celUnknown {
+		return r
 	}
 	p.celEvaluations++
 	s := sn.slices[pos.slice]
 	d := &s.Spec.Devices[pos.device]
-	v := true
+	r := celError
 	if res := p.cel.GetOrCompile(expr); res.Error == nil {
 		m, _, err := res.DeviceMatches(ctx, cel.Device{Driver: s.Spec.Driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
-		v = m || err != nil
+		switch {
+		case err != nil:
+			r = celError
+		case m:
+			r = celMatch
+		default:
+			r = celNoMatch
+		}
 	}
-	e.results[id] = 1
-	if v {
-		e.results[id] = 2
-	}
-	return v
+	e.results[id] = r
+	return r
 }
 
 // convertible says whether CEL can take every attribute of the node's
@@ -444,7 +460,12 @@ func (p *placer) selects(ctx context.Context, sn *placeNode, expr string) []bool
 	for i, s := range sn.slices {
 		for j := range s.Spec.Devices {
 			k := sn.offsets[i] + j
-			v[k] = p.result(ctx, expr, e, ids[k], sn, devPos{i, j})
+			switch p.result(ctx, expr, e, ids[k], sn, devPos{i, j}) {
+			case celMatch:
+				v[k] = true
+			case celError:
+				sn.failing[expr] = true
+			}
 		}
 	}
 	sn.vectors[expr] = v
@@ -888,4 +909,48 @@ func (p *placer) changed(sn *placeNode, a *resourceapi.AllocationResult) {
 			sn.exclusive[f] = sn.state.AllocatedDevices.Has(id)
 		}
 	}
+}
+
+// selectorsFail says whether a CEL selector of the claims (of a request,
+// a subrequest or their device classes) fails to compile or to evaluate
+// on some device of the node. The allocator then reports an error as soon
+// as it meets such a device before it finds a solution (kube-scheduler
+// gives up on the pod for it), so the shortcuts, which evaluate fewer
+// devices or none, could answer where the allocator fails: such claims go
+// to the exact call. Once per node and claims' selector signature.
+func (p *placer) selectorsFail(ctx context.Context, sn *placeNode, claims []*resourceapi.ResourceClaim) bool {
+	shapes := make([]*claimShape, len(claims))
+	sig := ""
+	for i, cl := range claims {
+		shapes[i] = p.shapeOf(cl)
+		sig += shapes[i].selSig + "\x03"
+	}
+	if v, ok := sn.failSigs[sig]; ok {
+		return v
+	}
+	p.nodeIndex(sn)
+	fail := false
+	check := func(expr string) {
+		if !fail {
+			p.selects(ctx, sn, expr)
+			fail = sn.failing[expr]
+		}
+	}
+	for _, s := range shapes {
+		for _, a := range s.alts {
+			if class, err := p.classes.Get(a.class); err == nil {
+				for _, sel := range class.Spec.Selectors {
+					if sel.CEL != nil {
+						check(sel.CEL.Expression)
+					}
+				}
+			}
+			for _, expr := range a.selectors {
+				check(expr)
+			}
+		}
+	}
+	sn.failSigs[sig] = fail
+	p.cache.entries++
+	return fail
 }

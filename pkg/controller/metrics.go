@@ -25,6 +25,7 @@ const (
 	MetricQueueFairShare          = "tessera_queue_fair_share"
 	MetricQueueEvictedWorkloads   = "tessera_queue_evicted_workloads_total"
 	MetricQueueMemoryUsedBytes    = "tessera_queue_memory_used_bytes"
+	MetricInadmissibleWorkloads   = "tessera_controller_inadmissible_workloads"
 	evictionReasonReclaim         = "reclaim"
 	resourceLabel, queueLabel     = "resource", "queue"
 	reasonLabel                   = "reason"
@@ -50,6 +51,13 @@ type Metrics struct {
 	queueFairShare *prometheus.GaugeVec
 	queueEvicted   *prometheus.CounterVec
 	queueUsed      *prometheus.GaugeVec
+	// inadmissible counts the workloads the last cycle found inadmissible,
+	// by fault. A gauge set afresh every cycle, not a counter: the same
+	// workload is decided again every cycle until it is fixed or deleted,
+	// so a counter would grow with the cycle rate, not with the workloads;
+	// the gauge says how many are stuck now and why (alert on > 0 for a
+	// while), and falls back to 0 once they are fixed.
+	inadmissible *prometheus.GaugeVec
 	// now is the clock of the wait-time histogram (tests replace it).
 	now func() time.Time
 }
@@ -99,11 +107,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		queueUsed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: MetricQueueMemoryUsedBytes, Help: "GPU memory the processes of the queue's admitted claims use (the kubelet plugins' samples in claim status); absent until one is sampled.",
 		}, byQueue),
+		inadmissible: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricInadmissibleWorkloads, Help: "Workloads the last admission cycle found inadmissible as they are (bad labels, claims the scheduler's allocator refuses, selectors that fail), by reason; the other workloads are decided regardless.",
+		}, []string{reasonLabel}),
 		now: time.Now,
 	}
 	if reg != nil {
 		reg.MustRegister(m.cycleDuration, m.workloads, m.admitted, m.evicted,
-			m.queuePending, m.queueAdmitted, m.queueWait, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueEvicted, m.queueUsed)
+			m.queuePending, m.queueAdmitted, m.queueWait, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueEvicted, m.queueUsed, m.inadmissible)
 	}
 	return m
 }
@@ -112,7 +123,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func MetricNames() []string {
 	return []string{MetricCycleSeconds, MetricWorkloads, MetricAdmittedTotal, MetricReclaimedTotal,
 		MetricQueuePendingWorkloads, MetricQueueAdmittedWorkloads, MetricQueueAdmissionWait, MetricQueueResourceUsage,
-		MetricQueueQuota, MetricQueueLimit, MetricQueueFairShare, MetricQueueEvictedWorkloads, MetricQueueMemoryUsedBytes}
+		MetricQueueQuota, MetricQueueLimit, MetricQueueFairShare, MetricQueueEvictedWorkloads, MetricQueueMemoryUsedBytes,
+		MetricInadmissibleWorkloads}
 }
 
 func (m *Metrics) observe(snap *admission.Snapshot, d *admission.Decision, apply time.Duration) {
@@ -125,6 +137,24 @@ func (m *Metrics) observe(snap *admission.Snapshot, d *admission.Decision, apply
 	m.workloads.WithLabelValues("waiting").Set(float64(d.Stats.Waiting))
 	m.workloads.WithLabelValues("invalid").Set(float64(d.Stats.Invalid))
 	m.admitted.Add(float64(d.Stats.Admitted))
+	// Every reason is present (0 when none), so that rate and absence
+	// queries need no special case.
+	inadmissible := map[string]int{}
+	for _, f := range admission.Faults {
+		inadmissible[f] = 0
+	}
+	for _, v := range d.Waiting {
+		if v.Invalid {
+			f := v.Fault
+			if f == "" {
+				f = admission.FaultClaim
+			}
+			inadmissible[f]++
+		}
+	}
+	for f, n := range inadmissible {
+		m.inadmissible.WithLabelValues(f).Set(float64(n))
+	}
 	m.evicted.Add(float64(d.Stats.Evicted))
 
 	now := m.now()

@@ -10,12 +10,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
+	"math/bits"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/utils/ptr"
 
@@ -98,7 +101,7 @@ func NewCatalog(slices []*resourceapi.ResourceSlice, classes []*resourceapi.Devi
 		}
 		for _, cs := range s.Spec.SharedCounters {
 			if v, ok := cs.Counters["compute-slices"]; ok {
-				computeSlices[s.Spec.Pool.Name+"/"+cs.Name] = v.Value.Value()
+				computeSlices[s.Spec.Pool.Name+"/"+cs.Name] = satValue(v.Value)
 			}
 		}
 	}
@@ -130,8 +133,7 @@ func NewCatalog(slices []*resourceapi.ResourceSlice, classes []*resourceapi.Devi
 		}
 	}
 	for _, m := range physMem {
-		c.capacity[queue.Memory] += m
-		c.capacity[queue.GPUs] += queue.GPU
+		c.capacity = c.capacity.Add(queue.Vector{queue.Memory: m, queue.GPUs: queue.GPU})
 	}
 	sort.Slice(c.shapes, func(i, j int) bool { return shapeKey(c.shapes[i]) < shapeKey(c.shapes[j]) })
 	return c
@@ -163,14 +165,14 @@ func (c *Catalog) device(node, pool string, d *resourceapi.Device, computeSlices
 		out.Type = *a.StringValue
 	}
 	if mem, ok := d.Capacity[devicemodel.CapMemory]; ok {
-		out.Memory = mem.Value.Value()
+		out.Memory = max(satValue(mem.Value), 0)
 		if p := mem.RequestPolicy; p != nil && p.ValidRange != nil {
 			out.Shareable = ptr.Deref(d.AllowMultipleAllocations, false)
 			if p.ValidRange.Min != nil {
-				out.MinShare = p.ValidRange.Min.Value()
+				out.MinShare = max(satValue(*p.ValidRange.Min), 0)
 			}
 			if p.ValidRange.Step != nil {
-				out.ShareStep = p.ValidRange.Step.Value()
+				out.ShareStep = max(satValue(*p.ValidRange.Step), 0)
 			}
 		}
 	}
@@ -204,7 +206,7 @@ func migFraction(pool string, d *resourceapi.Device, computeSlices map[string]in
 	for _, cc := range d.ConsumesCounters {
 		if used, ok := cc.Counters["compute-slices"]; ok {
 			if total := computeSlices[pool+"/"+cc.CounterSet]; total > 0 {
-				return used.Value.Value() * queue.GPU / total
+				return min(mulDiv(satValue(used.Value), queue.GPU, total), queue.GPU)
 			}
 		}
 	}
@@ -294,17 +296,37 @@ func (d *Device) wholeCharge() queue.Vector {
 // does.
 func (d *Device) roundShare(mem int64) int64 {
 	if d.ShareStep > 0 && mem%d.ShareStep != 0 {
-		mem += d.ShareStep - mem%d.ShareStep
+		mem = satAdd(mem, d.ShareStep-mem%d.ShareStep)
 	}
 	return max(mem, d.MinShare)
 }
 
+// mulDiv returns a*b/c for a, b >= 0 and c > 0 without overflow of the
+// product, saturating at MaxInt64; 0 when c <= 0 or a or b is negative.
 func mulDiv(a, b, c int64) int64 {
-	if c == 0 {
+	if c <= 0 || a < 0 || b < 0 {
 		return 0
 	}
-	// a <= 2^48 (bytes of one GPU), b <= 10^6: the product fits in int64.
-	return a * b / c
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(min(q, math.MaxInt64))
+}
+
+// satAdd returns a+b for a, b >= 0, saturating at MaxInt64.
+func satAdd(a, b int64) int64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxInt64
+}
+
+// satValue is a quantity in units, rounded up, saturating at the int64
+// bounds (Quantity.Value wraps beyond them).
+func satValue(q resource.Quantity) int64 {
+	return queue.FromQuantity(queue.Memory, q)
 }
 
 // ChargeResult is the real charge of one allocated device: the consumed
@@ -320,7 +342,7 @@ func (c *Catalog) ChargeResult(r *resourceapi.DeviceRequestAllocationResult) que
 	if d == nil {
 		var v queue.Vector
 		if hasConsumed {
-			v[queue.Memory] = consumed.Value()
+			v[queue.Memory] = max(satValue(consumed), 0)
 		}
 		if n, err := devicemodel.ParseName(r.Device); err == nil && n.Type == devicemodel.TypeGPU && !hasConsumed {
 			v[queue.GPUs] = queue.GPU
@@ -328,7 +350,7 @@ func (c *Catalog) ChargeResult(r *resourceapi.DeviceRequestAllocationResult) que
 		return v
 	}
 	if d.Shareable && hasConsumed {
-		return d.shareCharge(consumed.Value())
+		return d.shareCharge(max(satValue(consumed), 0))
 	}
 	return d.wholeCharge()
 }
@@ -409,7 +431,7 @@ func (c *Catalog) estimateRequest(ctx context.Context, claimName, reqName, class
 	var share int64 = -1
 	if capacity != nil {
 		if q, ok := capacity.Requests[devicemodel.CapMemory]; ok {
-			share = q.Value()
+			share = max(satValue(q), 0)
 		}
 	}
 	var best queue.Vector
@@ -443,7 +465,7 @@ func (c *Catalog) estimateRequest(ctx context.Context, claimName, reqName, class
 		return most, nil
 	}
 	n := max(count, 1)
-	return queue.Vector{queue.Memory: best[queue.Memory] * n, queue.GPUs: best[queue.GPUs] * n}, nil
+	return queue.Vector{queue.Memory: queue.SatMul(best[queue.Memory], n), queue.GPUs: queue.SatMul(best[queue.GPUs], n)}, nil
 }
 
 // matches evaluates CEL selectors against a device; a selector that fails

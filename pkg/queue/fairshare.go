@@ -43,7 +43,7 @@ func divide(siblings []*Queue, amount Vector) {
 }
 
 func request(q *Queue, r Resource) int64 {
-	req := q.Allocated[r] + q.Pending[r]
+	req := satAdd(q.Allocated[r], q.Pending[r])
 	if q.Limit[r] != NoLimit {
 		req = min(req, q.Limit[r])
 	}
@@ -84,7 +84,7 @@ func waterFill(bucket []*Queue, r Resource, amount int64) int64 {
 		for _, q := range bucket {
 			if q.Weight[r] > 0 && q.FairShare[r] < request(q, r) {
 				active = append(active, q)
-				totalWeight += q.Weight[r]
+				totalWeight = satAdd(totalWeight, q.Weight[r])
 			}
 		}
 		if len(active) == 0 {

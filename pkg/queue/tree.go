@@ -246,7 +246,7 @@ func (v *Violation) Message(leaf *Queue) string {
 func CheckLimits(q *Queue, charge Vector) *Violation {
 	for n := q; n != nil; n = n.Parent {
 		for r := range NumResources {
-			if charge[r] > 0 && n.Limit[r] != NoLimit && n.Allocated[r]+charge[r] > n.Limit[r] {
+			if charge[r] > 0 && n.Limit[r] != NoLimit && satAdd(n.Allocated[r], charge[r]) > n.Limit[r] {
 				return &Violation{Queue: n, Resource: r, Need: charge[r], InUse: n.Allocated[r], Quota: n.Quota[r], Limit: n.Limit[r], OverLimit: true}
 			}
 		}
@@ -260,7 +260,7 @@ func CheckLimits(q *Queue, charge Vector) *Violation {
 func CheckQuota(q *Queue, charge Vector) *Violation {
 	for n := q; n != nil; n = n.Parent {
 		for r := range NumResources {
-			if n.Bounded[r] && charge[r] > 0 && n.Allocated[r]+charge[r] > n.Quota[r] {
+			if n.Bounded[r] && charge[r] > 0 && satAdd(n.Allocated[r], charge[r]) > n.Quota[r] {
 				return &Violation{Queue: n, Resource: r, Need: charge[r], InUse: n.Allocated[r], Quota: n.Quota[r], Limit: n.Limit[r]}
 			}
 		}
@@ -285,7 +285,7 @@ func (q *Queue) OverQuota() bool {
 func CanGive(q, stop *Queue, v Vector) bool {
 	for n := q; n != nil && n != stop; n = n.Parent {
 		for r := range NumResources {
-			if n.Bounded[r] && v[r] > 0 && n.Allocated[r]-v[r] < n.Quota[r] {
+			if n.Bounded[r] && v[r] > 0 && satSub(n.Allocated[r], v[r]) < n.Quota[r] {
 				return false
 			}
 		}

@@ -48,11 +48,7 @@ func (v Vector) Add(o Vector) Vector {
 // Sub returns v - o, saturating at the int64 bounds instead of wrapping.
 func (v Vector) Sub(o Vector) Vector {
 	for r := range v {
-		if o[r] == math.MinInt64 {
-			v[r] = satAdd(satAdd(v[r], math.MaxInt64), 1)
-			continue
-		}
-		v[r] = satAdd(v[r], -o[r])
+		v[r] = satSub(v[r], o[r])
 	}
 	return v
 }
@@ -67,6 +63,40 @@ func satAdd(a, b int64) int64 {
 		return math.MinInt64
 	}
 	return s
+}
+
+// satSub is a - b clamped to [MinInt64, MaxInt64].
+func satSub(a, b int64) int64 {
+	if b == math.MinInt64 {
+		return satAdd(satAdd(a, math.MaxInt64), 1)
+	}
+	return satAdd(a, -b)
+}
+
+// SatMul is a * n clamped to [MinInt64, MaxInt64].
+func SatMul(a, n int64) int64 {
+	if a == 0 || n == 0 {
+		return 0
+	}
+	neg := (a < 0) != (n < 0)
+	ua, un := absU(a), absU(n)
+	hi, lo := bits.Mul64(ua, un)
+	switch {
+	case neg && (hi != 0 || lo > 1<<63):
+		return math.MinInt64
+	case neg:
+		return int64(-lo) // lo <= 2^63: -lo wraps to the right value
+	case hi != 0 || lo > math.MaxInt64:
+		return math.MaxInt64
+	}
+	return int64(lo)
+}
+
+func absU(a int64) uint64 {
+	if a < 0 {
+		return uint64(-(a + 1)) + 1
+	}
+	return uint64(a)
 }
 
 // IsZero says whether every component is zero.
