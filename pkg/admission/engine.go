@@ -97,6 +97,9 @@ type Snapshot struct {
 	Slices    []*resourceapi.ResourceSlice
 	Classes   []*resourceapi.DeviceClass
 	Nodes     []*corev1.Node
+	// Namespaces are those labelled with a queue (managed namespaces): the
+	// claims their unqueued pods hold are charged to it (charges.go).
+	Namespaces []*corev1.Namespace
 }
 
 // Admission is a workload to start: remove the gate from every pod.
@@ -107,6 +110,9 @@ type Admission struct {
 	Nodes   map[types.UID]string
 	Charge  queue.Vector
 	Message string
+	// Holds is what each pod's claims were charged at admission, every
+	// claim counted whole (v1alpha1.AdmittedChargeAnnotation).
+	Holds map[types.UID]queue.Vector
 }
 
 // Verdict says why a workload waits.
@@ -124,7 +130,9 @@ type Verdict struct {
 type Eviction struct {
 	Workload *Workload
 	Pods     []*corev1.Pod
-	Message  string
+	// Reason is ReasonReclaimed, or ReasonOverLimit (charges.go).
+	Reason  string
+	Message string
 }
 
 // Stats describe a cycle.
@@ -289,7 +297,7 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 			}
 		}
 	}
-	workloads := groupWorkloads(snap.Pods, c.tree)
+	workloads := append(groupWorkloads(snap.Pods, c.tree), c.adopt()...)
 	c.dec.Stats.Workloads = len(workloads)
 	var pending []*Workload
 	for _, w := range workloads {
@@ -302,6 +310,8 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	if err := c.chargeAdmitted(); err != nil {
 		return nil, err
 	}
+	c.checkHoldings()
+	c.claimConflicts(pending, c.admitted)
 	for k := range e.reservations {
 		if !c.seen[k] {
 			delete(e.reservations, k)
@@ -310,6 +320,7 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	if err := c.decidePending(pending); err != nil {
 		return nil, err
 	}
+	c.recordHolds()
 	c.queueStatus()
 	c.dec.Stats.Pending = len(pending)
 	c.dec.Stats.Admitted = len(c.dec.Admit)
@@ -488,12 +499,19 @@ func (c *cycle) prepare(w *Workload) (queue.Vector, *Verdict) {
 		}
 		w.claims[p] = pcs
 		for _, pc := range pcs {
-			if seen[pc.Key] || c.charged[pc.Key] || pc.Allocated() {
+			if seen[pc.Key] || c.charged[pc.Key] {
 				continue
 			}
 			seen[pc.Key] = true
 			if f := checkClaim(pc); f != nil {
 				return total, &Verdict{Workload: w, Reason: ReasonInvalid, Invalid: true, Fault: f.fault, Message: fmt.Sprintf("%s: %s", w.Describe(), f.msg)}
+			}
+			if pc.Allocated() {
+				// Allocated, and no admitted workload is charged for it (its
+				// users so far were in no queue, or ended): it is charged to
+				// this workload once admitted, so it counts against the limit.
+				total = total.Add(c.cat.ChargeAllocation(pc.Claim.Status.Allocation))
+				continue
 			}
 			est := c.estimate(pc)
 			var bad *demand.BadInputError

@@ -23,6 +23,8 @@ func (c *cycle) reclaim(w *Workload, fitMsg string) (bool, error) {
 		switch {
 		case a.Terminating:
 			terminating = append(terminating, a)
+		case a.adopted:
+			// Never admitted by Tessera: charged, not reclaimed.
 		case a.leaf != nil && a.leaf.Invalid == "" && a.leaf != w.leaf && len(a.holdings) > 0 && a.leaf.OverQuota():
 			candidates = append(candidates, a)
 		}
@@ -143,7 +145,7 @@ func (c *cycle) reclaim(w *Workload, fitMsg string) (bool, error) {
 		v.Terminating = true
 		names = append(names, fmt.Sprintf("%s (queue %s)", v.Describe(), v.leaf.Name))
 		c.dec.Evict = append(c.dec.Evict, &Eviction{
-			Workload: v, Pods: v.Pods,
+			Workload: v, Pods: v.Pods, Reason: ReasonReclaimed,
 			Message: fmt.Sprintf("reclaimed for %s in queue %s, which is within its quota: queue %s is over its quota", w.Describe(), w.leaf.Name, v.leaf.Name),
 		})
 	}

@@ -54,6 +54,8 @@ type Workload struct {
 	waitWhy  string
 	claims   map[*corev1.Pod][]demand.PodClaim
 	holdings []holding
+	// adopted marks the unqueued pods of a managed namespace (charges.go).
+	adopted bool
 }
 
 // Describe names the workload in messages: "gang train-1" or "pod p".
@@ -146,10 +148,18 @@ func groupWorkloads(pods []*corev1.Pod, tree *queue.Tree) []*Workload {
 		}
 		base := Workload{Namespace: g.ns, Name: g.name, Gang: g.gang}
 		validate(&base, g.pods, tree)
-		if len(admitted) > 0 {
-			w := base
+		// Admitted members stay charged to the queue that admitted them
+		// whatever the gated ones say (a new member naming another queue
+		// makes the gang invalid, not its running part free): they are
+		// grouped by their own queue labels.
+		for i, part := range byQueue(admitted) {
+			w := Workload{Namespace: g.ns, Name: g.name, Gang: g.gang}
+			validate(&w, part, tree)
 			w.Key = g.ns + "/" + g.name
-			w.Pods = admitted
+			if i > 0 {
+				w.Key += "@" + part[0].Labels[v1alpha1.QueueLabel]
+			}
+			w.Pods = part
 			w.Admitted = true
 			w.problem, w.wait = "", ""
 			fill(&w)
@@ -169,8 +179,38 @@ func groupWorkloads(pods []*corev1.Pod, tree *queue.Tree) []*Workload {
 				w.wait = fmt.Sprintf("gang %s: %d of %d members exist", w.Name, len(gated), w.Size)
 				w.waitWhy = ReasonGangIncomplete
 			}
+			if w.problem == "" && w.wait == "" {
+				// Tessera's gate comes off last: a pod that another gate
+				// holds is not admitted (nor holds devices) until it is
+				// free to schedule.
+				for _, p := range gated {
+					if others := otherGates(p); len(others) > 0 {
+						w.wait = fmt.Sprintf("pod %s: waiting for its other scheduling gates to be removed (%s); it is admitted after them", p.Name, strings.Join(others, ", "))
+						w.waitWhy = ReasonWaitingForGates
+						break
+					}
+				}
+			}
 			out = append(out, &w)
 		}
+	}
+	return out
+}
+
+// byQueue splits pods by their queue label, in the order of first
+// appearance; nil for none.
+func byQueue(pods []*corev1.Pod) [][]*corev1.Pod {
+	var out [][]*corev1.Pod
+	idx := map[string]int{}
+	for _, p := range pods {
+		q := p.Labels[v1alpha1.QueueLabel]
+		i, ok := idx[q]
+		if !ok {
+			i = len(out)
+			idx[q] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], p)
 	}
 	return out
 }

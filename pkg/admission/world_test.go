@@ -115,6 +115,12 @@ func (w *world) cycle() *admission.Decision {
 				p.Annotations[v1alpha1.NodeAnnotation] = n
 			}
 			p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: v1alpha1.AdmissionCondition, Status: corev1.ConditionTrue, LastTransitionTime: now})
+			if v, ok := a.Holds[p.UID]; ok {
+				if p.Annotations == nil {
+					p.Annotations = map[string]string{}
+				}
+				p.Annotations[v1alpha1.AdmittedChargeAnnotation] = admission.FormatCharge(v)
+			}
 			w.placed[p.UID] = a.Nodes[p.UID]
 			w.order[p.UID] = len(w.order)
 		}

@@ -201,6 +201,15 @@ func (a *Admitter) snapshot(ctx context.Context) (*admission.Snapshot, error) {
 	for i := range nodes.Items {
 		s.Nodes = append(s.Nodes, &nodes.Items[i])
 	}
+	// Managed namespaces: the claims their unqueued pods hold (pods that ran
+	// before the label) are charged to the namespace's queue.
+	var namespaces corev1.NamespaceList
+	if err := a.Reader.List(ctx, &namespaces, fast, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+		return nil, fmt.Errorf("listing namespaces: %w", err)
+	}
+	for i := range namespaces.Items {
+		s.Namespaces = append(s.Namespaces, &namespaces.Items[i])
+	}
 	return s, nil
 }
 
@@ -243,7 +252,7 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 	var mu sync.Mutex
 	a.parallel(len(gates), func(i int) {
 		g := gates[i]
-		annotations, err := a.ungate(ctx, g.p, g.ad.Nodes[g.p.UID], g.pin, hostnames, now)
+		annotations, err := a.ungate(ctx, g.p, g.ad.Nodes[g.p.UID], chargeOf(g.ad, g.p), g.pin, hostnames, now)
 		if err != nil {
 			logger.Error(err, "Ungating an admitted pod failed; it is decided again next cycle", "pod", klog.KObj(g.p), "workload", g.ad.Workload.Key)
 			mu.Lock()
@@ -269,11 +278,15 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 		a.Recorder.Eventf(done[i].p, nil, corev1.EventTypeNormal, admission.ReasonAdmitted, "Admit", done[i].msg)
 	})
 	for _, ev := range d.Evict {
-		logger.Info("Evicting to reclaim", "workload", ev.Workload.Key, "queue", ev.Workload.QueueName, "reason", ev.Message)
+		reason := ev.Reason
+		if reason == "" {
+			reason = admission.ReasonReclaimed
+		}
+		logger.Info("Evicting", "workload", ev.Workload.Key, "queue", ev.Workload.QueueName, "reason", reason, "message", ev.Message)
 		a.parallel(len(ev.Pods), func(i int) {
 			p := ev.Pods[i]
-			a.setCondition(ctx, p, corev1.ConditionFalse, admission.ReasonReclaimed, ev.Message, now)
-			a.Recorder.Eventf(p, nil, corev1.EventTypeWarning, admission.ReasonReclaimed, "Evict", ev.Message)
+			a.setCondition(ctx, p, corev1.ConditionFalse, reason, ev.Message, now)
+			a.Recorder.Eventf(p, nil, corev1.EventTypeWarning, reason, "Evict", ev.Message)
 			// The Eviction API: PodDisruptionBudgets are honoured; a refused
 			// eviction is tried again by a later cycle's reclaim.
 			uid := p.UID
@@ -341,6 +354,9 @@ func (a *Admitter) recordDecision(ctx context.Context, ad *admission.Admission) 
 	a.parallel(len(ad.Pods), func(i int) {
 		p := ad.Pods[i]
 		annotations := map[string]any{v1alpha1.DecisionAnnotation: id}
+		if c := chargeOf(ad, p); c != "" {
+			annotations[v1alpha1.AdmittedChargeAnnotation] = c
+		}
 		if n := ad.Nodes[p.UID]; n != "" {
 			annotations[v1alpha1.NodeAnnotation] = n
 		}
@@ -415,7 +431,8 @@ func (a *Admitter) finishDecisions(ctx context.Context, snap *admission.Snapshot
 			a.parallel(len(d.gated), func(i int) {
 				p := d.gated[i]
 				pin := a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && p.Labels[v1alpha1.GangLabel] != "")
-				annotations, err := a.ungate(ctx, p, p.Annotations[v1alpha1.NodeAnnotation], pin, hostnames, now)
+				// The decision recorded the admitted charge already.
+				annotations, err := a.ungate(ctx, p, p.Annotations[v1alpha1.NodeAnnotation], "", pin, hostnames, now)
 				if err != nil {
 					logger.Error(err, "Completing the admission of a pod failed; retrying next cycle", "pod", klog.KObj(p), "decision", id)
 					return
@@ -482,10 +499,15 @@ func (a *Admitter) remember(m *map[types.UID]memo, uid types.UID, annotations ma
 	(*m)[uid] = memo{at: time.Now(), annotations: annotations}
 }
 
-func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin bool, hostnames map[string]string, now metav1.Time) (map[string]string, error) {
+func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node, charge string, pin bool, hostnames map[string]string, now metav1.Time) (map[string]string, error) {
 	// metadata.uid makes the patch fail on a pod recreated under the same
 	// name since the snapshot (the UID is immutable).
 	annotations := map[string]string{v1alpha1.AdmittedAtAnnotation: now.UTC().Format(time.RFC3339)}
+	if charge != "" {
+		// With the gate's removal, in the same patch: what the pod was
+		// admitted with, against which what it holds is checked.
+		annotations[v1alpha1.AdmittedChargeAnnotation] = charge
+	}
 	md := map[string]any{"uid": string(p.UID), "annotations": annotations}
 	patch := map[string]any{
 		"metadata": md,
@@ -507,6 +529,16 @@ func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node string, pin b
 	}
 	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
 	return annotations, a.Client.Patch(ctx, target, client.RawPatch(types.StrategicMergePatchType, data))
+}
+
+// chargeOf is the value of v1alpha1.AdmittedChargeAnnotation for an
+// admitted pod.
+func chargeOf(ad *admission.Admission, p *corev1.Pod) string {
+	v, ok := ad.Holds[p.UID]
+	if !ok {
+		return ""
+	}
+	return admission.FormatCharge(v)
 }
 
 func podCondition(p *corev1.Pod) *corev1.PodCondition {

@@ -330,11 +330,12 @@ func satValue(q resource.Quantity) int64 {
 }
 
 // ChargeResult is the real charge of one allocated device: the consumed
-// memory of a share, the whole device otherwise. Admin-access results and
-// other drivers' devices charge nothing. A device no longer published is
+// memory of a share, the whole device otherwise. Other drivers' devices
+// charge nothing; devices taken with adminAccess are charged like any
+// others (issue 21: they were free, a way around every queue). A device no longer published is
 // charged by its name where possible (a whole GPU as 1 GPU).
 func (c *Catalog) ChargeResult(r *resourceapi.DeviceRequestAllocationResult) queue.Vector {
-	if r.Driver != c.Driver || ptr.Deref(r.AdminAccess, false) {
+	if r.Driver != c.Driver {
 		return queue.Vector{}
 	}
 	consumed, hasConsumed := r.ConsumedCapacity[devicemodel.CapMemory]
@@ -425,7 +426,8 @@ func (c *Catalog) estimateRequest(ctx context.Context, claimName, reqName, class
 	if dc == nil {
 		return queue.Vector{}, &BadInputError{fmt.Sprintf("claim %s request %s: device class %q does not exist", claimName, reqName, className)}
 	}
-	if adminAccess || !c.IsOurClass(ctx, dc) {
+	_ = adminAccess // charged like any other request (see ChargeResult)
+	if !c.IsOurClass(ctx, dc) {
 		return queue.Vector{}, nil
 	}
 	var share int64 = -1
