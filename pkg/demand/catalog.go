@@ -332,8 +332,8 @@ func satValue(q resource.Quantity) int64 {
 // ChargeResult is the real charge of one allocated device: the consumed
 // memory of a share, the whole device otherwise. Other drivers' devices
 // charge nothing; devices taken with adminAccess are charged like any
-// others (issue 21: they were free, a way around every queue). A device no longer published is
-// charged by its name where possible (a whole GPU as 1 GPU).
+// others (free, they were a way around every queue). A device no longer
+// published is charged by its name where possible (a whole GPU as 1 GPU).
 func (c *Catalog) ChargeResult(r *resourceapi.DeviceRequestAllocationResult) queue.Vector {
 	if r.Driver != c.Driver {
 		return queue.Vector{}

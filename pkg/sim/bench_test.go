@@ -22,7 +22,7 @@ func BenchmarkMixedTrace(b *testing.B) {
 
 // BenchmarkAdmissionCycleMIG decides the 1,000 jobs of the mixed trace
 // behind queues in one admission cycle, with shares and with shares + MIG
-// (prioritized lists), in the same run: issue 15 asks for MIG within 3x.
+// (prioritized lists), in the same run: the target is MIG within 3x.
 // Each policy runs from a fresh engine (the first cycle) and again with
 // one engine (the next cycle, slices and classes unchanged), which must
 // admit the same pods.

@@ -116,7 +116,7 @@ func TestSample(t *testing.T) {
 
 // BenchmarkSample is one sampling pass over 8 GPUs with 100 compute
 // processes in steady state (the processes of the last pass keep their
-// owners; issue 13: under 5 ms per pass). BenchmarkSampleCold looks every
+// owners; the target is under 5 ms per pass). BenchmarkSampleCold looks every
 // process up in /proc, as the first pass after a start does.
 func BenchmarkSample(b *testing.B)     { benchmarkSample(b, false) }
 func BenchmarkSampleCold(b *testing.B) { benchmarkSample(b, true) }

@@ -28,7 +28,7 @@ type attack struct {
 // TestTenantAttacks acts as a namespace user with the built-in `edit` role
 // (a ServiceAccount, through impersonation) on the real cluster with the
 // chart's controller, webhook and admission policies, tries every escape
-// of issue 12 and checks that each is refused or has no effect: the
+// named in docs/security.md and checks that each is refused or has no effect: the
 // running container's limit still equals its allocation and the queue's
 // charge is unchanged. It prints the table docs/security.md carries.
 func TestTenantAttacks(t *testing.T) {
