@@ -13,17 +13,17 @@ type Inventory struct {
 
 // GPU is one physical GPU.
 type GPU struct {
-	Index           int
-	Minor           int
-	UUID            string
-	ProductName     string
-	Brand           string
-	Architecture    string
-	CUDAComputeCap  string
-	PCIBusID        string
+	Index          int
+	Minor          int
+	UUID           string
+	ProductName    string
+	Brand          string
+	Architecture   string
+	CUDAComputeCap string
+	PCIBusID       string
 	// Topology is where the GPU sits, from sysfs; empty when unknown.
-	Topology    Topology
-	MemoryBytes uint64
+	Topology        Topology
+	MemoryBytes     uint64
 	Multiprocessors int
 	// MIGCapable is true when the GPU supports MIG at all.
 	MIGCapable bool
