@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -67,6 +68,7 @@ type Device struct {
 	Model   Model
 	UUID    string
 	migMode int
+	lost    atomic.Bool
 	gis     map[uint32]*GpuInstance
 	nextGI  uint32
 }
@@ -149,6 +151,9 @@ func (s *Server) Devices() []*Device { return s.devices }
 func (s *Server) InjectXID(gpuUUID string, xid uint64) error {
 	for _, d := range s.devices {
 		if d.UUID == gpuUUID {
+			if xid == xidFallenOffBus {
+				d.lost.Store(true)
+			}
 			s.events <- nvml.EventData{Device: d, EventType: nvml.EventTypeXidCriticalError, EventData: xid, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
 			return nil
 		}
@@ -211,6 +216,9 @@ func (d *Device) setFuncs() {
 	d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return m.Architecture, nvml.SUCCESS }
 	d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return m.CCMajor, m.CCMinor, nvml.SUCCESS }
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		if d.Lost() {
+			return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST
+		}
 		total := m.MemoryMiB << 20
 		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
 	}
