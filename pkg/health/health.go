@@ -295,13 +295,14 @@ func (m *Monitor) Probe(ctx context.Context, inv *inventory.Inventory) {
 }
 
 // answers says whether NVML answers about the GPU: a lost GPU fails its
-// queries with ERROR_GPU_IS_LOST.
+// queries with ERROR_GPU_IS_LOST. The probe is the performance state, a
+// cheap query every supported GPU answers.
 func (m *Monitor) answers(uuid string) (bool, string) {
 	dev, ret := m.lib.DeviceGetHandleByUUID(uuid)
 	if ret != nvml.SUCCESS {
 		return false, nvml.ErrorString(ret)
 	}
-	if _, ret := dev.GetMemoryInfo(); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
+	if _, ret := dev.GetPerformanceState(); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
 		return false, nvml.ErrorString(ret)
 	}
 	return true, ""

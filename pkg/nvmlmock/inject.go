@@ -20,7 +20,9 @@ import (
 const InjectFileName = "inject-xid"
 
 // xidFallenOffBus is the XID of a GPU that fell off the bus: the mock GPU
-// then fails GetMemoryInfo with ERROR_GPU_IS_LOST until InjectRecovery.
+// then fails GetPerformanceState (the health probe) with ERROR_GPU_IS_LOST
+// until InjectRecovery; discovery still sees it, so slices can carry the
+// taint.
 const xidFallenOffBus = 79
 
 // Lost says whether the GPU fell off the bus (XID 79) and was not

@@ -215,10 +215,14 @@ func (d *Device) setFuncs() {
 	d.GetBrandFunc = func() (nvml.BrandType, nvml.Return) { return m.Brand, nvml.SUCCESS }
 	d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return m.Architecture, nvml.SUCCESS }
 	d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return m.CCMajor, m.CCMinor, nvml.SUCCESS }
-	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+	// The health monitor's probe: a lost GPU fails it.
+	d.GetPerformanceStateFunc = func() (nvml.Pstates, nvml.Return) {
 		if d.Lost() {
-			return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST
+			return nvml.PSTATE_UNKNOWN, nvml.ERROR_GPU_IS_LOST
 		}
+		return nvml.PSTATE_0, nvml.SUCCESS
+	}
+	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
 		total := m.MemoryMiB << 20
 		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
 	}
