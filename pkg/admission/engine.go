@@ -80,6 +80,9 @@ type Config struct {
 	// are the same either way (tests compare them); it is there for those
 	// tests and for debugging.
 	ExactPlacement bool
+	// TaintRules lists the DeviceTaintRules for cycles whose snapshot has
+	// none (Snapshot.TaintRules nil); nil lists none.
+	TaintRules TaintRuleLister
 }
 
 // DefaultConfig is what the controller runs with unless told otherwise.
@@ -100,6 +103,9 @@ type Snapshot struct {
 	// Namespaces are those labelled with a queue (managed namespaces): the
 	// claims their unqueued pods hold are charged to it (charges.go).
 	Namespaces []*corev1.Namespace
+	// TaintRules are the DeviceTaintRules, applied to the slices as the
+	// scheduler applies them (taintrules.go); nil: Config.TaintRules.
+	TaintRules []*resourceapi.DeviceTaintRule
 }
 
 // Admission is a workload to start: remove the gate from every pod.
@@ -183,6 +189,8 @@ type Engine struct {
 	classes []*resourceapi.DeviceClass
 	catalog *demand.Catalog
 	places  *placeCache
+	// taints are the slices patched with DeviceTaintRules.
+	taints *taintMemo
 }
 
 // NewEngine returns an engine.
@@ -256,6 +264,18 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	start := time.Now()
+	rules := snap.TaintRules
+	if rules == nil && e.cfg.TaintRules != nil {
+		var err error
+		if rules, err = e.cfg.TaintRules(ctx); err != nil {
+			return nil, fmt.Errorf("listing DeviceTaintRules: %w", err)
+		}
+	}
+	if patched := e.withTaintRules(snap.Slices, rules); len(rules) > 0 {
+		s := *snap
+		s.Slices = patched
+		snap = &s
+	}
 	if !sameObjects(snap.Classes, e.classes) {
 		e.catalog, e.places = nil, nil
 	} else if !sameObjects(snap.Slices, e.slices) {

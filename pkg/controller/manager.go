@@ -18,6 +18,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/discovery"
@@ -119,6 +120,28 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		return nil, err
 	}
 	cfgEngine := admission.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: features}
+	// DeviceTaintRules taint devices for the scheduler as published taints
+	// do; the simulation applies them too, where the API serves them
+	// (resource.k8s.io/v1, Kubernetes 1.37).
+	watched := []client.Object{&v1alpha1.Queue{}, &corev1.Pod{}, &resourceapi.ResourceClaim{}, &resourceapi.ResourceClaimTemplate{},
+		&resourceapi.ResourceSlice{}, &resourceapi.DeviceClass{}, &corev1.Node{}}
+	if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: resourceapi.GroupName, Kind: "DeviceTaintRule"}, "v1"); err == nil && features.DeviceTaints {
+		watched = append(watched, &resourceapi.DeviceTaintRule{})
+		reader := mgr.GetCache()
+		cfgEngine.TaintRules = func(ctx context.Context) ([]*resourceapi.DeviceTaintRule, error) {
+			var l resourceapi.DeviceTaintRuleList
+			if err := reader.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
+				return nil, err
+			}
+			out := make([]*resourceapi.DeviceTaintRule, len(l.Items))
+			for i := range l.Items {
+				out[i] = &l.Items[i]
+			}
+			return out, nil
+		}
+	} else {
+		logger.Info("DeviceTaintRules are not served (resource.k8s.io/v1) or device taints are off; the admission simulation sees published device taints only", "error", err)
+	}
 	admitter := &Admitter{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetCache(),
@@ -130,8 +153,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	one := func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{CycleRequest} }
 	b := ctrl.NewControllerManagedBy(mgr).Named("admission").
 		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: ptr.To(true)})
-	for _, obj := range []client.Object{&v1alpha1.Queue{}, &corev1.Pod{}, &resourceapi.ResourceClaim{}, &resourceapi.ResourceClaimTemplate{},
-		&resourceapi.ResourceSlice{}, &resourceapi.DeviceClass{}, &corev1.Node{}} {
+	for _, obj := range watched {
 		b = b.WatchesRawSource(source.Kind(mgr.GetCache(), obj, handler.EnqueueRequestsFromMapFunc(one)))
 	}
 	if err := b.Complete(admitter); err != nil {

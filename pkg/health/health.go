@@ -1,24 +1,33 @@
-// Package health watches NVML events for critical XID errors and says
-// which published devices are unhealthy: for the kubelet's health stream
-// (WatchHealthStatus) and as NoSchedule device taints in the published
-// ResourceSlices.
+// Package health watches NVML for GPU faults and says which published
+// devices are unhealthy and why: for the kubelet's health stream
+// (WatchHealthStatus) and as device taints in the published
+// ResourceSlices, one key per cause (classes.go).
 //
 // XIDs caused by applications rather than the GPU (the list the NVIDIA
-// device plugin skips: 13, 31, 43, 45, 68, 109) are ignored; any other
-// XID marks the GPU unhealthy, or only the MIG device when NVML attributes
-// the error to a GPU instance. A device stays unhealthy until the plugin
-// restarts (most critical XIDs need a GPU reset).
+// device plugin skips: 13, 31, 43, 45, 68, 109) give an informational
+// taint (effect None); any other XID, a double-bit ECC event or a GPU
+// NVML calls lost makes the GPU unhealthy, or only the MIG device when
+// NVML attributes the error to a GPU instance, with the fatal effect
+// (NoSchedule unless configured NoExecute).
+//
+// Recovery: every probe interval the monitor asks NVML about each GPU. A
+// taint is cleared once the GPU answers and no new event of its cause
+// came for the hold-down period; a GPU that does not answer keeps its
+// taints and restarts the hold-down. A hold-down of 0 keeps taints until
+// the plugin restarts.
 package health
 
 import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -28,11 +37,14 @@ import (
 )
 
 // DefaultIgnoredXIDs are application errors that do not make a GPU
-// unhealthy.
+// unhealthy (they give an informational taint).
 var DefaultIgnoredXIDs = []uint64{13, 31, 43, 45, 68, 109}
 
-// TaintKey is the key of the taint unhealthy devices get.
-const TaintKey = devicemodel.DriverName + "/unhealthy"
+// Defaults of Options.
+const (
+	DefaultHoldDown      = 5 * time.Minute
+	DefaultProbeInterval = 5 * time.Second
+)
 
 // Timing of the health stream.
 const (
@@ -46,13 +58,37 @@ const (
 	noInstance         = 0xFFFFFFFF
 )
 
+// Options configure a Monitor.
+type Options struct {
+	// IgnoredXIDs are application XIDs: informational, effect None.
+	IgnoredXIDs []uint64
+	// FatalEffect is the effect of the taints of fatal events:
+	// NoSchedule (default) or NoExecute.
+	FatalEffect resourceapi.DeviceTaintEffect
+	// HoldDown is how long a GPU must answer NVML with no new event of a
+	// cause before that cause's taint is cleared; 0 never clears.
+	HoldDown time.Duration
+	// ProbeInterval is how often NVML is asked about each GPU; 0 means
+	// DefaultProbeInterval.
+	ProbeInterval time.Duration
+	// OnChange runs (without locks held) whenever the taints or health
+	// change, e.g. to republish slices.
+	OnChange func()
+	// Now is the clock (tests); nil is time.Now.
+	Now func() time.Time
+}
+
+// fault is one cause on one GPU or MIG device.
 type fault struct {
-	xid  uint64
-	when time.Time
+	key   string
+	value string
+	fatal bool
+	first time.Time // TimeAdded: when this episode began
+	last  time.Time // last event, or last probe the GPU did not answer
 }
 
 func (f fault) message() string {
-	return fmt.Sprintf("critical XID %d at %s", f.xid, f.when.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("%s=%s since %s", f.key, f.value, f.first.UTC().Format(time.RFC3339))
 }
 
 type migKey struct {
@@ -61,31 +97,42 @@ type migKey struct {
 	token string
 }
 
+// gpuScope is the key of faults of a whole GPU.
+func gpuScope(uuid string) migKey { return migKey{gpu: uuid, start: -1} }
+
 // Monitor tracks device health.
 type Monitor struct {
-	lib      nvml.Interface
-	pool     string
-	ignored  map[uint64]bool
-	onChange func()
+	lib     nvml.Interface
+	pool    string
+	ignored map[uint64]bool
+	opts    Options
 
 	mu      sync.Mutex
-	gpus    map[string]fault // by GPU UUID
-	migs    map[migKey]fault
+	faults  map[migKey]map[string]*fault // scope -> key -> fault
 	changed chan struct{}
 }
 
-// New returns a monitor; onChange runs (without locks held) whenever a
-// device turns unhealthy, e.g. to republish slices.
-func New(lib nvml.Interface, pool string, ignoredXIDs []uint64, onChange func()) *Monitor {
-	m := &Monitor{lib: lib, pool: pool, ignored: map[uint64]bool{}, onChange: onChange,
-		gpus: map[string]fault{}, migs: map[migKey]fault{}, changed: make(chan struct{})}
-	for _, x := range ignoredXIDs {
+// New returns a monitor.
+func New(lib nvml.Interface, pool string, opts Options) *Monitor {
+	if opts.FatalEffect == "" {
+		opts.FatalEffect = resourceapi.DeviceTaintEffectNoSchedule
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = DefaultProbeInterval
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	m := &Monitor{lib: lib, pool: pool, ignored: map[uint64]bool{}, opts: opts,
+		faults: map[migKey]map[string]*fault{}, changed: make(chan struct{})}
+	for _, x := range opts.IgnoredXIDs {
 		m.ignored[x] = true
 	}
 	return m
 }
 
-// Run listens for NVML events on the given GPUs until ctx ends.
+// Run listens for NVML events on the given GPUs and probes them until ctx
+// ends.
 func (m *Monitor) Run(ctx context.Context, inv *inventory.Inventory) error {
 	logger := klog.FromContext(ctx)
 	es, ret := m.lib.EventSetCreate()
@@ -104,14 +151,15 @@ func (m *Monitor) Run(ctx context.Context, inv *inventory.Inventory) error {
 		}
 		supported, ret := dev.GetSupportedEventTypes()
 		if ret != nvml.SUCCESS {
-			logger.Info("GPU does not report supported events; not watching its health", "gpu", gpu.UUID, "error", nvml.ErrorString(ret))
+			logger.Info("GPU does not report supported events; not watching its events", "gpu", gpu.UUID, "error", nvml.ErrorString(ret))
 			continue
 		}
 		want := supported & (nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
 		if ret := dev.RegisterEvents(want, es); ret != nvml.SUCCESS {
-			logger.Info("Cannot register for GPU events; not watching its health", "gpu", gpu.UUID, "error", nvml.ErrorString(ret))
+			logger.Info("Cannot register for GPU events; not watching its events", "gpu", gpu.UUID, "error", nvml.ErrorString(ret))
 		}
 	}
+	nextProbe := m.opts.Now().Add(m.opts.ProbeInterval)
 	for ctx.Err() == nil {
 		ev, ret := es.Wait(waitTimeoutMs)
 		switch ret {
@@ -125,8 +173,46 @@ func (m *Monitor) Run(ctx context.Context, inv *inventory.Inventory) error {
 			case <-time.After(time.Second):
 			}
 		}
+		if now := m.opts.Now(); !now.Before(nextProbe) {
+			m.Probe(ctx, inv)
+			nextProbe = now.Add(m.opts.ProbeInterval)
+		}
 	}
 	return nil
+}
+
+// record adds or refreshes a fault and reports whether the taints changed.
+func (m *Monitor) record(scope migKey, key, value string, fatal bool, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	byKey := m.faults[scope]
+	if byKey == nil {
+		byKey = map[string]*fault{}
+		m.faults[scope] = byKey
+	}
+	f := byKey[key]
+	if f != nil && f.value == value {
+		f.last = now
+		return false
+	}
+	if f == nil {
+		f = &fault{key: key, fatal: fatal, first: now.Truncate(time.Second)}
+		byKey[key] = f
+	}
+	f.value, f.last = value, now
+	m.signalLocked()
+	return true
+}
+
+func (m *Monitor) signalLocked() {
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+func (m *Monitor) notify() {
+	if m.opts.OnChange != nil {
+		m.opts.OnChange()
+	}
 }
 
 func (m *Monitor) handle(ctx context.Context, ev nvml.EventData) {
@@ -140,31 +226,86 @@ func (m *Monitor) handle(ctx context.Context, ev nvml.EventData) {
 	}
 	xid := ev.EventData
 	if ev.EventType == nvml.EventTypeDoubleBitEccError {
-		xid = 48 // double-bit ECC error
+		xid = xidDBE
 	}
-	if m.ignored[xid] {
-		logger.V(2).Info("Ignoring application XID", "gpu", uuid, "xid", xid)
-		return
+	key, fatal := Classify(xid, m.ignored)
+	scope, isMIG := m.migKey(ev, uuid)
+	if !isMIG {
+		scope = gpuScope(uuid)
 	}
-	f := fault{xid: xid, when: time.Now()}
-	key, isMIG := m.migKey(ev, uuid)
-	m.mu.Lock()
-	if isMIG {
-		m.migs[key] = f
-	} else {
-		m.gpus[uuid] = f
+	changed := m.record(scope, key, ValueXID(xid), fatal, m.opts.Now())
+	logger.Info("GPU event", "gpu", uuid, "xid", xid, "taint", key, "fatal", fatal, "mig", isMIG, "placement", scope.start, "profile", scope.token)
+	if changed {
+		m.notify()
 	}
-	close(m.changed)
-	m.changed = make(chan struct{})
-	m.mu.Unlock()
-	if isMIG {
-		logger.Info("MIG device unhealthy", "gpu", uuid, "placement", key.start, "profile", key.token, "xid", xid)
-	} else {
-		logger.Info("GPU unhealthy", "gpu", uuid, "xid", xid)
+}
+
+// Probe asks NVML about every GPU: one that does not answer gets (or
+// keeps) KeyGPULost and restarts its hold-down; on one that answers,
+// faults older than the hold-down are cleared.
+func (m *Monitor) Probe(ctx context.Context, inv *inventory.Inventory) {
+	logger := klog.FromContext(ctx)
+	now := m.opts.Now()
+	changed := false
+	for _, gpu := range inv.GPUs {
+		if ok, why := m.answers(gpu.UUID); !ok {
+			logger.Info("GPU does not answer NVML", "gpu", gpu.UUID, "error", why)
+			m.mu.Lock()
+			for scope, byKey := range m.faults {
+				if scope.gpu == gpu.UUID {
+					for _, f := range byKey {
+						f.last = now
+					}
+				}
+			}
+			lost := m.faults[gpuScope(gpu.UUID)][KeyGPULost] != nil
+			m.mu.Unlock()
+			if !lost {
+				changed = m.record(gpuScope(gpu.UUID), KeyGPULost, ValueLost, true, now) || changed
+			}
+			continue
+		}
+		if m.opts.HoldDown <= 0 {
+			continue
+		}
+		m.mu.Lock()
+		for scope, byKey := range m.faults {
+			if scope.gpu != gpu.UUID {
+				continue
+			}
+			for key, f := range byKey {
+				if now.Sub(f.last) >= m.opts.HoldDown {
+					logger.Info("GPU recovered from a fault", "gpu", gpu.UUID, "taint", key, "value", f.value, "since", f.first, "placement", scope.start, "profile", scope.token)
+					delete(byKey, key)
+					changed = true
+				}
+			}
+			if len(byKey) == 0 {
+				delete(m.faults, scope)
+			}
+		}
+		if changed {
+			m.signalLocked()
+		}
+		m.mu.Unlock()
 	}
-	if m.onChange != nil {
-		m.onChange()
+	if changed {
+		m.notify()
 	}
+}
+
+// answers says whether NVML answers about the GPU: a lost GPU fails its
+// queries with ERROR_GPU_IS_LOST. The probe is the performance state, a
+// cheap query every supported GPU answers.
+func (m *Monitor) answers(uuid string) (bool, string) {
+	dev, ret := m.lib.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		return false, nvml.ErrorString(ret)
+	}
+	if _, ret := dev.GetPerformanceState(); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
+		return false, nvml.ErrorString(ret)
+	}
+	return true, ""
 }
 
 // migKey attributes an event to a MIG device when NVML names a GPU
@@ -190,24 +331,41 @@ func (m *Monitor) migKey(ev nvml.EventData, uuid string) (migKey, bool) {
 	return migKey{gpu: uuid, start: int(info.Placement.Start), token: devicemodel.ProfileToken(name)}, true
 }
 
-// Health returns a device's health and, when unhealthy, why.
-func (m *Monitor) Health(inv *inventory.Inventory, device string) (bool, string) {
+// faultsOf returns the faults that apply to a device, by key: the GPU's
+// and, for a MIG device, its own (the GPU's win on the same key).
+func (m *Monitor) faultsOf(inv *inventory.Inventory, device string) map[string]fault {
 	name, err := devicemodel.ParseName(device)
 	if err != nil || inv == nil || name.Index >= len(inv.GPUs) {
-		return true, ""
+		return nil
 	}
 	uuid := inv.GPUs[name.Index].UUID
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if f, ok := m.gpus[uuid]; ok {
-		return false, "GPU " + f.message()
-	}
+	out := map[string]fault{}
 	if name.Type == devicemodel.TypeMIG {
-		if f, ok := m.migs[migKey{gpu: uuid, start: name.Start, token: name.ProfileToken}]; ok {
-			return false, "MIG device " + f.message()
+		for k, f := range m.faults[migKey{gpu: uuid, start: name.Start, token: name.ProfileToken}] {
+			out[k] = *f
 		}
 	}
-	return true, ""
+	for k, f := range m.faults[gpuScope(uuid)] {
+		out[k] = *f
+	}
+	return out
+}
+
+// Health returns a device's health and, when unhealthy, why.
+func (m *Monitor) Health(inv *inventory.Inventory, device string) (bool, string) {
+	var why []string
+	for _, f := range m.faultsOf(inv, device) {
+		if f.fatal {
+			why = append(why, f.message())
+		}
+	}
+	if len(why) == 0 {
+		return true, ""
+	}
+	sort.Strings(why)
+	return false, strings.Join(why, "; ")
 }
 
 // Unhealthy returns the unhealthy devices among names with the reason.
@@ -221,26 +379,32 @@ func (m *Monitor) Unhealthy(inv *inventory.Inventory, names []string) map[string
 	return out
 }
 
-// Taints returns the NoSchedule taint of every unhealthy device among the
-// names.
+// Taints returns the taints of every device among the names that has a
+// fault: one per cause, the value naming the event, TimeAdded when the
+// fault began (to the second, as the API server keeps it).
 func (m *Monitor) Taints(inv *inventory.Inventory, names []string) map[string][]resourceapi.DeviceTaint {
 	out := map[string][]resourceapi.DeviceTaint{}
 	m.mu.Lock()
-	faults := len(m.gpus) + len(m.migs)
+	faults := len(m.faults)
 	m.mu.Unlock()
 	if faults == 0 {
 		return out
 	}
-	for n := range m.Unhealthy(inv, names) {
-		name, _ := devicemodel.ParseName(n)
-		uuid := inv.GPUs[name.Index].UUID
-		m.mu.Lock()
-		f, ok := m.gpus[uuid]
-		if !ok {
-			f = m.migs[migKey{gpu: uuid, start: name.Start, token: name.ProfileToken}]
+	for _, n := range names {
+		fs := m.faultsOf(inv, n)
+		if len(fs) == 0 {
+			continue
 		}
-		m.mu.Unlock()
-		out[n] = []resourceapi.DeviceTaint{{Key: TaintKey, Value: fmt.Sprintf("XID%d", f.xid), Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		taints := make([]resourceapi.DeviceTaint, 0, len(fs))
+		for _, f := range fs {
+			effect := resourceapi.DeviceTaintEffectNone
+			if f.fatal {
+				effect = m.opts.FatalEffect
+			}
+			taints = append(taints, resourceapi.DeviceTaint{Key: f.key, Value: f.value, Effect: effect, TimeAdded: &metav1.Time{Time: f.first}})
+		}
+		sort.Slice(taints, func(i, j int) bool { return taints[i].Key < taints[j].Key })
+		out[n] = taints
 	}
 	return out
 }

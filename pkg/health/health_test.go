@@ -49,7 +49,7 @@ func TestCriticalXIDMakesGPUUnhealthy(t *testing.T) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	changed := make(chan struct{}, 10)
-	m := New(srv, "node", DefaultIgnoredXIDs, func() { changed <- struct{}{} })
+	m := New(srv, "node", Options{IgnoredXIDs: DefaultIgnoredXIDs, OnChange: func() { changed <- struct{}{} }})
 	reports := make(chan kubeletplugin.DeviceHealthReport, 10)
 	go func() { _ = m.Run(ctx, inv) }()
 	go func() { _ = m.Watch(ctx, reports, func() (*inventory.Inventory, []string) { return inv, names }) }()
@@ -63,19 +63,27 @@ func TestCriticalXIDMakesGPUUnhealthy(t *testing.T) {
 			t.Errorf("initially %+v", d)
 		}
 	}
-	// An application error is ignored.
+	// An application error only gives an informational taint.
 	if err := srv.InjectXID(inv.GPUs[1].UUID, 13); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.InjectXID(inv.GPUs[1].UUID, 79); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-changed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no change reported")
+	for range 2 {
+		select {
+		case <-changed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no change reported")
+		}
 	}
-	report := <-reports
+	var report kubeletplugin.DeviceHealthReport
+	for ok := true; ok; {
+		report = <-reports
+		for _, d := range report.Devices {
+			ok = ok && (d.DeviceName != "gpu-1" || d.Health == kubeletplugin.HealthStatusHealthy)
+		}
+	}
 	for _, d := range report.Devices {
 		wantHealthy := d.DeviceName == "gpu-0" || d.DeviceName == "gpu-0-ts-0" || d.DeviceName == "gpu-0-ts-1"
 		if (d.Health == kubeletplugin.HealthStatusHealthy) != wantHealthy {
@@ -89,12 +97,13 @@ func TestCriticalXIDMakesGPUUnhealthy(t *testing.T) {
 	if len(taints) != 3 {
 		t.Fatalf("taints %v", taints)
 	}
-	want := resourceapi.DeviceTaint{Key: TaintKey, Value: "XID79", Effect: resourceapi.DeviceTaintEffectNoSchedule}
-	if got := taints["gpu-1-ts-1"]; len(got) != 1 || got[0] != want {
-		t.Errorf("taint %+v", got)
+	got := taints["gpu-1-ts-1"]
+	if len(got) != 2 || got[0].TimeAdded == nil || got[1].TimeAdded == nil {
+		t.Fatalf("taints %+v", got)
 	}
-	if len(changed) != 0 {
-		t.Error("ignored XID reported a change")
+	if got[0].Key != KeyAppXID || got[0].Value != "xid-13" || got[0].Effect != resourceapi.DeviceTaintEffectNone ||
+		got[1].Key != KeyGPULost || got[1].Value != "xid-79" || got[1].Effect != resourceapi.DeviceTaintEffectNoSchedule {
+		t.Errorf("taints %+v", got)
 	}
 }
 
@@ -114,7 +123,7 @@ func TestMIGInstanceXID(t *testing.T) {
 		t.Fatal(ret)
 	}
 	gii, _ := gi.GetInfo()
-	m := New(srv, "node", DefaultIgnoredXIDs, nil)
+	m := New(srv, "node", Options{IgnoredXIDs: DefaultIgnoredXIDs})
 	m.handle(ctx, nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: 94, GpuInstanceId: gii.Id, ComputeInstanceId: 0xFFFFFFFF})
 	bad := m.Unhealthy(inv, names)
 	if len(bad) != 1 {

@@ -19,6 +19,29 @@ import (
 // WatchInjectFile reads.
 const InjectFileName = "inject-xid"
 
+// xidFallenOffBus is the XID of a GPU that fell off the bus: the mock GPU
+// then fails GetPerformanceState (the health probe) with ERROR_GPU_IS_LOST
+// until InjectRecovery; discovery still sees it, so slices can carry the
+// taint.
+const xidFallenOffBus = 79
+
+// Lost says whether the GPU fell off the bus (XID 79) and was not
+// recovered since.
+func (d *Device) Lost() bool { return d.lost.Load() }
+
+// InjectRecovery brings a GPU back as a reset would: a lost GPU answers
+// NVML again. It delivers no event; the health monitor sees the GPU answer
+// at its next probe.
+func (s *Server) InjectRecovery(gpuUUID string) error {
+	for _, d := range s.devices {
+		if d.UUID == gpuUUID {
+			d.lost.Store(false)
+			return nil
+		}
+	}
+	return fmt.Errorf("no mock GPU with UUID %q", gpuUUID)
+}
+
 // InjectXIDOnInstance queues an XID error event that NVML attributes to a
 // MIG GPU instance of the GPU.
 func (s *Server) InjectXIDOnInstance(gpuUUID string, xid uint64, gpuInstanceID uint32) error {
@@ -33,9 +56,10 @@ func (s *Server) InjectXIDOnInstance(gpuUUID string, xid uint64, gpuInstanceID u
 
 // WatchInjectFile lets tests outside the process inject faults: every
 // interval it takes the file at path (renaming it first, so lines written
-// meanwhile land in a new file) and injects one XID per line:
+// meanwhile land in a new file) and injects one XID or recovery per line:
 //
 //	<gpu-uuid-or-index> <xid> [<gpu-instance-id>]
+//	<gpu-uuid-or-index> recover
 //
 // e.g. `echo "0 79" >> <mock state dir>/inject-xid`. Bad lines are logged
 // and skipped. It returns when ctx ends.
@@ -86,7 +110,7 @@ func (s *Server) injectFromFile(path string) error {
 func (s *Server) injectLine(line string) error {
 	fields := strings.Fields(line)
 	if len(fields) < 2 || len(fields) > 3 {
-		return errors.New("want `<gpu-uuid-or-index> <xid> [<gpu-instance-id>]`")
+		return errors.New("want `<gpu-uuid-or-index> <xid> [<gpu-instance-id>]` or `<gpu-uuid-or-index> recover`")
 	}
 	uuid := fields[0]
 	if i, err := strconv.Atoi(fields[0]); err == nil {
@@ -94,6 +118,9 @@ func (s *Server) injectLine(line string) error {
 			return fmt.Errorf("no mock GPU with index %d", i)
 		}
 		uuid = s.devices[i].UUID
+	}
+	if fields[1] == "recover" && len(fields) == 2 {
+		return s.InjectRecovery(uuid)
 	}
 	xid, err := strconv.ParseUint(fields[1], 10, 64)
 	if err != nil {

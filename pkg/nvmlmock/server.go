@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -67,6 +68,7 @@ type Device struct {
 	Model   Model
 	UUID    string
 	migMode int
+	lost    atomic.Bool
 	gis     map[uint32]*GpuInstance
 	nextGI  uint32
 }
@@ -149,6 +151,9 @@ func (s *Server) Devices() []*Device { return s.devices }
 func (s *Server) InjectXID(gpuUUID string, xid uint64) error {
 	for _, d := range s.devices {
 		if d.UUID == gpuUUID {
+			if xid == xidFallenOffBus {
+				d.lost.Store(true)
+			}
 			s.events <- nvml.EventData{Device: d, EventType: nvml.EventTypeXidCriticalError, EventData: xid, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
 			return nil
 		}
@@ -210,6 +215,13 @@ func (d *Device) setFuncs() {
 	d.GetBrandFunc = func() (nvml.BrandType, nvml.Return) { return m.Brand, nvml.SUCCESS }
 	d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return m.Architecture, nvml.SUCCESS }
 	d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return m.CCMajor, m.CCMinor, nvml.SUCCESS }
+	// The health monitor's probe: a lost GPU fails it.
+	d.GetPerformanceStateFunc = func() (nvml.Pstates, nvml.Return) {
+		if d.Lost() {
+			return nvml.PSTATE_UNKNOWN, nvml.ERROR_GPU_IS_LOST
+		}
+		return nvml.PSTATE_0, nvml.SUCCESS
+	}
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
 		total := m.MemoryMiB << 20
 		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS

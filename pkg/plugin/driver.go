@@ -151,11 +151,16 @@ func Start(ctx context.Context, o *Options, client kubernetes.Interface) (_ *Dri
 			d.Stop()
 		}
 	}()
-	d.health = health.New(be, o.NodeName, xids(o.HealthIgnoredXIDs), func() {
-		if d.publisher != nil {
-			d.publisher.Trigger()
-		}
-	})
+	fatal, err := health.ParseFatalEffect(o.HealthFatalEffect)
+	if err != nil {
+		return nil, fmt.Errorf("--health-fatal-effect: %w", err)
+	}
+	d.health = health.New(be, o.NodeName, health.Options{IgnoredXIDs: xids(o.HealthIgnoredXIDs), FatalEffect: fatal, HoldDown: o.HealthHoldDown,
+		OnChange: func() {
+			if d.publisher != nil {
+				d.publisher.Trigger()
+			}
+		}})
 	d.publisher = publish.NewPublisher(be, o.NodeName, d.deviceModelConfig, func(ctx context.Context, r resourceslice.DriverResources) error {
 		return d.helper.PublishResources(ctx, r)
 	})
@@ -404,8 +409,8 @@ func (d *Driver) driverFiles(ctx context.Context) (prepare.DriverFiles, error) {
 	return files, nil
 }
 
-// deviceModelConfig is the node configuration plus a NoSchedule taint on
-// every unhealthy device and, in dynamic MIG mode, the rule that leaves out
+// deviceModelConfig is the node configuration plus the health taints of
+// every device with a fault (health.Monitor.Taints) and, in dynamic MIG mode, the rule that leaves out
 // placements blocked by MIG instances no prepared claim owns.
 func (d *Driver) deviceModelConfig() devicemodel.Config {
 	cfg := d.modelCfg

@@ -172,6 +172,7 @@ func TestHealthOverGRPCAndTaints(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	dir := tempDir(t)
 	opts := nodeOptions(dir, "t4:2", false, map[string]int{"1": 2})
+	opts.HealthHoldDown = time.Second
 	h := startHarness(t, ctx, opts)
 	stream, err := drahealth.NewDRAResourceHealthClient(h.conn).NodeWatchResources(h.ctx, &drahealth.NodeWatchResourcesRequest{})
 	if err != nil {
@@ -211,25 +212,39 @@ func TestHealthOverGRPCAndTaints(t *testing.T) {
 		}
 		break
 	}
-	eventually(t, 10*time.Second, "tainted slices", func() bool {
+	tainted := func() (int, int) {
 		slices, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
 		if err != nil {
-			return false
+			return -1, -1
 		}
-		tainted := 0
+		lost, any := 0, 0
 		for _, s := range slices.Items {
 			for _, d := range s.Spec.Devices {
+				any += len(d.Taints)
 				for _, taint := range d.Taints {
-					if taint.Key == health.TaintKey && taint.Effect == resourceapi.DeviceTaintEffectNoSchedule && strings.HasPrefix(d.Name, "gpu-1") {
-						tainted++
+					if taint.Key == health.KeyGPULost && taint.Value == "xid-79" && taint.TimeAdded != nil &&
+						taint.Effect == resourceapi.DeviceTaintEffectNoSchedule && strings.HasPrefix(d.Name, "gpu-1") {
+						lost++
 					}
 				}
 			}
 		}
-		if tainted != 3 {
-			t.Logf("%d tainted devices in %d slices", tainted, len(slices.Items))
+		return lost, any
+	}
+	eventually(t, 10*time.Second, "tainted slices", func() bool {
+		lost, any := tainted()
+		if lost != 3 || any != 3 {
+			t.Logf("%d devices tainted gpu-lost, %d taints", lost, any)
 		}
-		return tainted == 3
+		return lost == 3 && any == 3
+	})
+	// The GPU comes back (a reset): after the hold-down the taints go.
+	if err := os.WriteFile(filepath.Join(opts.PluginDataDir, nvmlmock.InjectFileName), []byte("1 recover\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "untainted slices", func() bool {
+		_, any := tainted()
+		return any == 0
 	})
 }
 

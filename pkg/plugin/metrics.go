@@ -197,7 +197,7 @@ var (
 		MetricGPUMemoryTotal:         prometheus.NewDesc(MetricGPUMemoryTotal, "GPU memory of the GPU (NVML), bytes.", gpuLabels, nil),
 		MetricGPUMemoryAllocated:     prometheus.NewDesc(MetricGPUMemoryAllocated, "GPU memory allocated to prepared claims on the GPU, bytes.", gpuLabels, nil),
 		MetricGPUMemoryUsed:          prometheus.NewDesc(MetricGPUMemoryUsed, "GPU memory in use on the GPU at the last sample (NVML, all processes and the driver), bytes.", gpuLabels, nil),
-		MetricGPUHealthy:             prometheus.NewDesc(MetricGPUHealthy, "1 when the GPU is healthy (no critical XID since it was published), 0 when it is tainted.", gpuLabels, nil),
+		MetricGPUHealthy:             prometheus.NewDesc(MetricGPUHealthy, "1 when the GPU is healthy, 0 while it has a fatal fault (a NoSchedule or NoExecute health taint).", gpuLabels, nil),
 		MetricPreparedClaims:         prometheus.NewDesc(MetricPreparedClaims, "Claims prepared on the node.", nil, nil),
 		metricUnattributedMemoryUsed: prometheus.NewDesc(metricUnattributedMemoryUsed, "GPU memory held by compute processes that belong to no prepared claim (other pods, host processes), bytes.", gpuLabels, nil),
 	}

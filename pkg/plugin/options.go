@@ -76,8 +76,16 @@ type Options struct {
 	accountingSize uint64
 	// NvidiaSMI is the nvidia-smi binary that sets GPU time slices.
 	NvidiaSMI string
-	// HealthIgnoredXIDs are XIDs that do not make a device unhealthy.
+	// HealthIgnoredXIDs are XIDs that do not make a device unhealthy
+	// (they give an informational taint, effect None).
 	HealthIgnoredXIDs []uint
+	// HealthFatalEffect is the effect of the taints of fatal faults:
+	// NoSchedule or NoExecute.
+	HealthFatalEffect string
+	// HealthHoldDown is how long a faulty GPU must answer NVML with no new
+	// event of a cause before that cause's taint is cleared; 0 keeps
+	// taints until the plugin restarts.
+	HealthHoldDown time.Duration
 	// PodUID, when set, turns on seamless upgrades: the kubelet plugin
 	// library's rolling-update mode, keyed by the plugin pod's UID.
 	PodUID string
@@ -152,7 +160,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	for _, x := range health.DefaultIgnoredXIDs {
 		ignored = append(ignored, uint(x))
 	}
-	fs.UintSliceVar(&o.HealthIgnoredXIDs, "health-ignored-xids", ignored, "XID errors caused by applications that do not make a GPU unhealthy; any other XID taints the device.")
+	fs.UintSliceVar(&o.HealthIgnoredXIDs, "health-ignored-xids", ignored, "XID errors caused by applications: they give the informational taint "+health.KeyAppXID+" (effect None) and leave the GPU healthy; any other XID makes it unhealthy.")
+	fs.StringVar(&o.HealthFatalEffect, "health-fatal-effect", "NoSchedule", "Effect of the taints of fatal GPU faults (lost GPU, uncorrectable ECC, critical XID): NoSchedule keeps new claims off the device, NoExecute also evicts the pods whose claims use it (unless they tolerate it).")
+	fs.DurationVar(&o.HealthHoldDown, "health-recovery-hold-down", health.DefaultHoldDown, "A fault's taint is cleared once the GPU answers NVML and no new event of that cause came for this long; 0 keeps taints until the plugin restarts.")
 }
 
 // DeviceModelConfig validates the options that shape the device model.
@@ -192,6 +202,12 @@ func (o *Options) Validate() error {
 	}
 	if o.PluginDataDir == "" {
 		return fmt.Errorf("--plugin-data-dir must not be empty")
+	}
+	if _, err := health.ParseFatalEffect(o.HealthFatalEffect); err != nil {
+		return fmt.Errorf("--health-fatal-effect: %w", err)
+	}
+	if o.HealthHoldDown < 0 {
+		return fmt.Errorf("--health-recovery-hold-down=%s is negative", o.HealthHoldDown)
 	}
 	if o.HealthcheckPort > 65535 {
 		return fmt.Errorf("--healthcheck-port=%d is not a port: use 1-65535, or -1 to serve no health service", o.HealthcheckPort)
