@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale clean help
+.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale clean help
 
 all: build
 
@@ -54,6 +54,10 @@ $(GOLANGCI_LINT):
 ## unit: unit and integration tests (no cluster), with the race detector
 unit:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## alerts-test: the chart's alert rules under `promtool test rules` (promtool built into ~/.cache/tessera once; also part of unit)
+alerts-test:
+	$(GO) test -count=1 ./test/alerts/...
 
 ## fuzz: run each fuzz target for $(FUZZTIME)
 fuzz:

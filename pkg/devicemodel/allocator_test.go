@@ -42,6 +42,7 @@ type nodeOpts struct {
 	mig        bool
 	timeSlices int
 	reserved   uint64
+	maxShares  int
 }
 
 // buildSlices publishes a mock node exactly as the plugin does.
@@ -63,7 +64,7 @@ func buildSlices(t testing.TB, o nodeOpts) []*resourceapi.ResourceSlice {
 	if reserved == 0 {
 		reserved = devicemodel.DefaultReservedMemory
 	}
-	slices, err := devicemodel.Build(inv, devicemodel.Config{ReservedMemory: reserved, TimeSlices: o.timeSlices, MIGMode: devicemodel.MIGDynamic})
+	slices, err := devicemodel.Build(inv, devicemodel.Config{ReservedMemory: reserved, TimeSlices: o.timeSlices, MaxSharesPerGPU: o.maxShares, MIGMode: devicemodel.MIGDynamic})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +75,7 @@ type req struct {
 	class    string
 	memory   string // capacity.requests.memory; "" = none
 	cores    string
+	shares   string // capacity.requests.shares; "" = none
 	selector string // extra CEL
 }
 
@@ -82,13 +84,16 @@ var claimSeq int
 func newClaim(r req) *resourceapi.ResourceClaim {
 	claimSeq++
 	exact := &resourceapi.ExactDeviceRequest{DeviceClassName: r.class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
-	if r.memory != "" || r.cores != "" {
+	if r.memory != "" || r.cores != "" || r.shares != "" {
 		exact.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
 		if r.memory != "" {
 			exact.Capacity.Requests["memory"] = resource.MustParse(r.memory)
 		}
 		if r.cores != "" {
 			exact.Capacity.Requests["cores"] = resource.MustParse(r.cores)
+		}
+		if r.shares != "" {
+			exact.Capacity.Requests["shares"] = resource.MustParse(r.shares)
 		}
 	}
 	if r.selector != "" {
@@ -219,6 +224,58 @@ func TestT4Shares(t *testing.T) {
 		c.mustPlace(req{class: "gpu.tessera.dev", memory: "1Gi", cores: "60"})
 		c.mustNotPlace(req{class: "gpu.tessera.dev", memory: "1Gi", cores: "50"})
 		c.mustPlace(req{class: "gpu.tessera.dev", memory: "1Gi", cores: "40"})
+	})
+}
+
+// TestMaxSharesPerGPU checks --max-shares-per-gpu against the upstream
+// allocator: the `shares` capacity's default of 1 is consumed by every
+// allocation that does not name it.
+func TestMaxSharesPerGPU(t *testing.T) {
+	share := func(m string) req { return req{class: "gpu.tessera.dev", memory: m} }
+	t.Run("N shares fit one GPU, the N+1th goes to the next GPU, then nowhere", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4:2", maxShares: 3})
+		for range 3 {
+			if dev := c.mustPlace(share("1Gi")); dev != "gpu-0" {
+				t.Fatalf("share landed on %s, want gpu-0", dev)
+			}
+		}
+		// Memory is left on gpu-0 (3Gi of ~14.75Gi), but its shares are not.
+		for range 3 {
+			if dev := c.mustPlace(share("1Gi")); dev != "gpu-1" {
+				t.Fatalf("share landed on %s, want gpu-1 (gpu-0 is at its cap)", dev)
+			}
+		}
+		c.mustNotPlace(share("256Mi"))
+		got := c.results[0].Devices.Results[0].ConsumedCapacity[devicemodel.CapShares]
+		if got.Value() != 1 {
+			t.Fatalf("a share consumed %s shares, want 1", got.String())
+		}
+	})
+	t.Run("a whole-GPU claim still fits and blocks shares", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4", maxShares: 2})
+		c.mustPlace(req{class: "gpu.tessera.dev"})
+		c.mustNotPlace(share("256Mi"))
+	})
+	t.Run("a cap of one is exclusive per GPU even for small shares", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4", maxShares: 1})
+		c.mustPlace(share("256Mi"))
+		c.mustNotPlace(share("256Mi"))
+	})
+	t.Run("asking for zero shares is rounded up to one, more than N never fits", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4", maxShares: 2})
+		c.mustNotPlace(req{class: "gpu.tessera.dev", memory: "1Gi", shares: "3"})
+		c.mustPlace(req{class: "gpu.tessera.dev", memory: "1Gi", shares: "0"})
+		c.mustPlace(req{class: "gpu.tessera.dev", memory: "1Gi", shares: "1"})
+		c.mustNotPlace(req{class: "gpu.tessera.dev", memory: "1Gi", shares: "0"})
+	})
+	t.Run("no cap publishes no shares capacity", func(t *testing.T) {
+		c := newCluster(t, nodeOpts{profile: "t4"})
+		for range 20 {
+			c.mustPlace(share("256Mi"))
+		}
+		if _, ok := c.results[0].Devices.Results[0].ConsumedCapacity[devicemodel.CapShares]; ok {
+			t.Fatal("shares consumed without a cap")
+		}
 	})
 }
 

@@ -23,6 +23,9 @@ const (
 // Limits of the node configuration.
 const (
 	MaxTimeSlices = 32
+	// MaxSharesPerGPU bounds --max-shares-per-gpu (far above what any GPU
+	// shares usefully; it only keeps the published quantity sane).
+	MaxSharesPerGPU = 1024
 	// DefaultReservedMemory is held back on every GPU for the driver and
 	// CUDA contexts; shares are carved from the rest.
 	DefaultReservedMemory = 256 << 20
@@ -43,7 +46,11 @@ type Config struct {
 	TimeSlices int
 	// TimeSlicesPerGPU overrides TimeSlices for GPUs by index or UUID.
 	TimeSlicesPerGPU map[string]int
-	MIGMode          MIGMode
+	// MaxSharesPerGPU caps the allocations of one non-MIG GPU (shares and
+	// exclusive claims alike), published as the consumable capacity
+	// `shares` so that the scheduler enforces it; 0 = no cap.
+	MaxSharesPerGPU int
+	MIGMode         MIGMode
 	// Taints are added to devices by name (health).
 	Taints map[string][]resourceapi.DeviceTaint
 	// ForeignMIG says whether a MIG instance that exists on a dynamically
@@ -67,6 +74,9 @@ func (c Config) Validate() error {
 		if n < 0 || n > MaxTimeSlices {
 			return fmt.Errorf("time slices for GPU %s = %d is out of range: use 0 to %d", gpu, n, MaxTimeSlices)
 		}
+	}
+	if c.MaxSharesPerGPU < 0 || c.MaxSharesPerGPU > MaxSharesPerGPU {
+		return fmt.Errorf("--max-shares-per-gpu=%d is out of range: use 0 (no cap) to %d", c.MaxSharesPerGPU, MaxSharesPerGPU)
 	}
 	switch c.MIGMode {
 	case MIGDynamic, MIGStatic:

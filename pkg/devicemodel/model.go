@@ -5,7 +5,9 @@
 //   - MIG disabled: gpu-<i>, allowMultipleAllocations, consumable `memory`
 //     (bytes, net of the reserve) and `cores` (percent). A request without
 //     capacity takes all memory (exclusive); one with capacity.requests.memory
-//     gets a share of that size.
+//     gets a share of that size. With a share cap (--max-shares-per-gpu=N)
+//     also consumable `shares` = N, default 1: every allocation of the GPU
+//     (share or exclusive) takes one, so the scheduler places at most N.
 //   - Time slices (N > 0): also gpu-<i>-ts-<k>, k < N, each with usable/N
 //     memory. A counter set per GPU makes the scheduler place up to N
 //     partitions together but never a partition next to a share or whole-GPU
@@ -50,6 +52,7 @@ const (
 	AttrNUMANode        = "resource.kubernetes.io/numaNode"
 	CapMemory           = "memory"
 	CapCores            = "cores"
+	CapShares           = "shares"
 	CapMultiprocessors  = "multiprocessors"
 	CapCopyEngines      = "copyEngines"
 	CapDecoders         = "decoders"
@@ -196,6 +199,22 @@ func fullGPUDevices(inv *inventory.Inventory, gpu inventory.GPU, cfg Config) (gp
 				},
 			},
 		},
+	}
+	if n := cfg.MaxSharesPerGPU; n > 0 {
+		// One share per allocation unless the claim asks for more
+		// (capacity.requests.shares, up to N); a request of 0 is rounded up
+		// to 1 by the allocator, so no claim slips past the cap.
+		whole.Capacity[CapShares] = resourceapi.DeviceCapacity{
+			Value: *resource.NewQuantity(int64(n), resource.DecimalSI),
+			RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default: resource.NewQuantity(1, resource.DecimalSI),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{
+					Min:  resource.NewQuantity(1, resource.DecimalSI),
+					Max:  resource.NewQuantity(int64(n), resource.DecimalSI),
+					Step: resource.NewQuantity(1, resource.DecimalSI),
+				},
+			},
+		}
 	}
 	// Every capacity of a shareable device is consumed by each share (its
 	// default when not requested), so the SM count is an attribute here.

@@ -28,6 +28,7 @@ const (
 	MetricGPUMemoryAllocated     = "tessera_gpu_memory_allocated_bytes"
 	MetricGPUMemoryUsed          = "tessera_gpu_memory_used_bytes"
 	MetricGPUHealthy             = "tessera_gpu_healthy"
+	MetricGPUProcesses           = "tessera_gpu_processes"
 	MetricPrepareDuration        = "tessera_prepare_duration_seconds"
 	MetricPrepareErrors          = "tessera_prepare_errors_total"
 	MetricPreparedClaims         = "tessera_prepared_claims"
@@ -39,7 +40,7 @@ const (
 func MetricNames() []string {
 	return []string{
 		MetricClaimMemoryAllocated, MetricClaimMemoryUsed, MetricClaimComputeAllocated, MetricClaimSMUtilization,
-		MetricGPUMemoryTotal, MetricGPUMemoryAllocated, MetricGPUMemoryUsed, MetricGPUHealthy,
+		MetricGPUMemoryTotal, MetricGPUMemoryAllocated, MetricGPUMemoryUsed, MetricGPUHealthy, MetricGPUProcesses,
 		MetricPrepareDuration, MetricPrepareErrors, MetricPreparedClaims, MetricUsageSampleDuration, metricUnattributedMemoryUsed,
 	}
 }
@@ -198,6 +199,7 @@ var (
 		MetricGPUMemoryAllocated:     prometheus.NewDesc(MetricGPUMemoryAllocated, "GPU memory allocated to prepared claims on the GPU, bytes.", gpuLabels, nil),
 		MetricGPUMemoryUsed:          prometheus.NewDesc(MetricGPUMemoryUsed, "GPU memory in use on the GPU at the last sample (NVML, all processes and the driver), bytes.", gpuLabels, nil),
 		MetricGPUHealthy:             prometheus.NewDesc(MetricGPUHealthy, "1 when the GPU is healthy, 0 while it has a fatal fault (a NoSchedule or NoExecute health taint).", gpuLabels, nil),
+		MetricGPUProcesses:           prometheus.NewDesc(MetricGPUProcesses, "Compute processes on the GPU (its MIG devices included; every process, in a claim or not) at the last sample (NVML); absent until sampled.", gpuLabels, nil),
 		MetricPreparedClaims:         prometheus.NewDesc(MetricPreparedClaims, "Claims prepared on the node.", nil, nil),
 		metricUnattributedMemoryUsed: prometheus.NewDesc(metricUnattributedMemoryUsed, "GPU memory held by compute processes that belong to no prepared claim (other pods, host processes), bytes.", gpuLabels, nil),
 	}
@@ -237,6 +239,7 @@ func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
 		if g.sampled {
 			gauge(MetricGPUMemoryUsed, float64(g.used), labels...)
 			gauge(metricUnattributedMemoryUsed, float64(g.unattributed), labels...)
+			gauge(MetricGPUProcesses, float64(g.processes), labels...)
 		}
 	}
 }

@@ -27,6 +27,8 @@ type Options struct {
 	Backend        backend.Options
 	ReservedMemory string
 	TimeSlices     int
+	// MaxSharesPerGPU caps allocations per non-MIG GPU (0 = no cap).
+	MaxSharesPerGPU int
 	// TimeSlicesConfig is a YAML file mapping GPU index or UUID to N.
 	TimeSlicesConfig string
 	MIGMode          string
@@ -125,6 +127,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Backend.MockMIG, "mock-mig", "none", "Put MIG-capable mock GPUs in MIG mode (no instances created): all or none.")
 	fs.StringVar(&o.Backend.MockStateDir, "mock-state-dir", "", "Where mock GPUs keep MIG state across restarts (default: the plugin data directory).")
 	fs.StringVar(&o.ReservedMemory, "reserved-memory", "256Mi", "GPU memory held back per GPU for the driver and CUDA contexts; shares and time slices are carved from the rest.")
+	fs.IntVar(&o.MaxSharesPerGPU, "max-shares-per-gpu", 0, fmt.Sprintf("Most allocations (shares or exclusive claims) one non-MIG GPU carries, published as the consumable capacity `shares` so that the scheduler enforces it; 0 (no cap) to %d.", devicemodel.MaxSharesPerGPU))
 	fs.IntVar(&o.TimeSlices, "time-slices", 0, fmt.Sprintf("Time-slice partitions published per non-MIG GPU (gpu-<i>-ts-<k>), 0 to %d; 0 publishes none.", devicemodel.MaxTimeSlices))
 	fs.StringVar(&o.TimeSlicesConfig, "time-slices-config", "", "YAML file overriding --time-slices per GPU, keyed by GPU index or UUID, e.g. `{\"0\": 4, \"1\": 0}`.")
 	fs.StringVar(&o.MIGMode, "mig-mode", string(devicemodel.MIGDynamic), "How MIG-enabled GPUs are published: dynamic (every profile x placement, created at prepare) or static (existing instances).")
@@ -167,7 +170,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 // DeviceModelConfig validates the options that shape the device model.
 func (o *Options) DeviceModelConfig() (devicemodel.Config, error) {
-	cfg := devicemodel.Config{TimeSlices: o.TimeSlices, MIGMode: devicemodel.MIGMode(o.MIGMode)}
+	cfg := devicemodel.Config{TimeSlices: o.TimeSlices, MaxSharesPerGPU: o.MaxSharesPerGPU, MIGMode: devicemodel.MIGMode(o.MIGMode)}
 	q, err := resource.ParseQuantity(o.ReservedMemory)
 	if err != nil || q.Sign() < 0 {
 		return cfg, fmt.Errorf("--reserved-memory=%q is not a valid memory size: use a quantity such as 256Mi or 1Gi", o.ReservedMemory)

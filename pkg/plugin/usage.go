@@ -175,6 +175,9 @@ type gpuUsage struct {
 	device, uuid                         string
 	total, allocated, used, unattributed uint64
 	healthy, sampled                     bool
+	// processes counts the distinct compute processes (by PID) on the GPU
+	// and its MIG devices at the last sample.
+	processes int
 }
 
 type usageSnap struct {
@@ -217,6 +220,7 @@ func (d *Driver) usageSnapshot() usageSnap {
 	}
 	type measured struct{ used, procs uint64 }
 	seen := map[string]measured{}
+	pids := map[string]map[uint32]bool{} // GPU UUID -> PIDs
 	if sample != nil {
 		for _, g := range sample.GPUs {
 			m := seen[g.UUID]
@@ -227,6 +231,10 @@ func (d *Driver) usageSnapshot() usageSnap {
 			m := seen[p.GPU]
 			m.procs += p.UsedMemory
 			seen[p.GPU] = m
+			if pids[p.GPU] == nil {
+				pids[p.GPU] = map[uint32]bool{}
+			}
+			pids[p.GPU][p.PID] = true
 		}
 	}
 	for _, g := range inv.GPUs {
@@ -235,6 +243,7 @@ func (d *Driver) usageSnapshot() usageSnap {
 		gu := gpuUsage{device: name, uuid: g.UUID, total: g.MemoryBytes, allocated: allocated[g.UUID], healthy: healthy}
 		if m, ok := seen[g.UUID]; ok {
 			gu.sampled = true
+			gu.processes = len(pids[g.UUID])
 			// NVML's used memory includes the driver's own; a mock or a
 			// driver that reports none gets the processes' sum.
 			gu.used = max(m.used, m.procs)

@@ -131,6 +131,8 @@ func TestUsageMetricsAndStatus(t *testing.T) {
 		{MetricGPUMemoryAllocated, map[string]string{"device": "gpu-0"}, float64(6 * gib)},
 		{MetricGPUMemoryUsed, map[string]string{"device": "gpu-0"}, float64(1<<30 + 768<<20)},
 		{metricUnattributedMemoryUsed, map[string]string{"device": "gpu-0"}, 512 << 20},
+		{MetricGPUProcesses, map[string]string{"device": "gpu-0"}, 4}, // three in claims, one host process
+		{MetricGPUProcesses, map[string]string{"device": "gpu-1"}, 0},
 		{MetricGPUHealthy, map[string]string{"device": "gpu-1", "uuid": d.backend.Mock.Devices()[1].UUID}, 1},
 		{MetricPreparedClaims, nil, 3},
 		{MetricPrepareDuration, map[string]string{"kind": kindShare}, 2},
