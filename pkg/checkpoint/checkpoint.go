@@ -252,6 +252,28 @@ func (s *Store) Delete(uid string) error {
 	return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
 }
 
+// DeleteStale removes a record of an earlier boot whatever its format (the
+// envelope's bootID is kept by every format): MIG instances and time
+// slices do not survive a reboot, so there is nothing left that only a
+// newer plugin could undo. A record of this boot is refused like Delete.
+func (s *Store) DeleteStale(uid string) error {
+	data, err := os.ReadFile(s.path(uid))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var f file
+	if err := json.Unmarshal(data, &f); err != nil || f.BootID == s.bootID {
+		return fmt.Errorf("checkpoint of claim %s is not from an earlier boot", uid)
+	}
+	if err := os.Remove(s.path(uid)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+	}
+	return nil
+}
+
 // Corrupt is a record that could not be used.
 type Corrupt struct {
 	UID  string
@@ -279,6 +301,10 @@ type Newer struct {
 	UID  string
 	Path string
 	Err  *NewerError
+	// Stale: it was written before the node rebooted (the envelope's
+	// bootID, which every format keeps, differs): nothing it describes
+	// survived, and DeleteStale may remove it.
+	Stale bool
 }
 
 // Load reads every record. Only an unusable directory is an error;
@@ -308,7 +334,7 @@ func (s *Store) Load() (*Loaded, error) {
 		var newer *NewerError
 		switch {
 		case errors.As(err, &newer):
-			out.Newer = append(out.Newer, Newer{UID: uid, Path: p, Err: newer})
+			out.Newer = append(out.Newer, Newer{UID: uid, Path: p, Err: newer, Stale: newer.BootID != s.bootID})
 		case err != nil:
 			out.Corrupt = append(out.Corrupt, Corrupt{UID: uid, Path: p, Err: err})
 		case boot != s.bootID:
@@ -374,7 +400,7 @@ func parseFile(data []byte) (*file, error) {
 	case f.Version < 1 || f.FormatVersion < f.Version:
 		return nil, fmt.Errorf("invalid format versions: version %d, formatVersion %d", f.Version, f.FormatVersion)
 	case f.Version > Version:
-		return nil, &NewerError{Version: f.Version, FormatVersion: f.FormatVersion}
+		return nil, &NewerError{Version: f.Version, FormatVersion: f.FormatVersion, BootID: f.BootID}
 	}
 	return &f, nil
 }

@@ -24,6 +24,11 @@ import (
 //     that changes or removes fields, or adds one an older plugin must not
 //     drop, raises it.
 //
+// The envelope's version, formatVersion and bootID fields keep their
+// meaning in every format, so that any reader can tell a record it cannot
+// read from a corrupt one, and a stale one (an earlier boot) from a live
+// one.
+//
 // A reader accepts every format from 1 to its own, converting older ones
 // (ConvertV1), and files of a newer format whose version it satisfies
 // (reading the fields it knows). A file whose version is newer than the
@@ -49,6 +54,9 @@ type NewerError struct {
 	// Version is the oldest format that may read the record;
 	// FormatVersion is the format it was written in.
 	Version, FormatVersion int
+	// BootID is the boot it was written in: the envelope's version,
+	// formatVersion and bootID are kept by every format.
+	BootID string
 }
 
 func (e *NewerError) Error() string {

@@ -331,6 +331,24 @@ func TestNewerFormats(t *testing.T) {
 			if got, _ := os.ReadFile(p); !bytes.Equal(got, []byte(tc.data)) {
 				t.Errorf("newer record changed: %s", got)
 			}
+			if err := s.DeleteStale("x"); err == nil {
+				t.Error("DeleteStale removed a record of this boot")
+			}
+			if loaded.Newer[0].Stale {
+				t.Error("record of this boot reported stale")
+			}
+			// After a reboot it is stale, and may go.
+			rebooted, _ := Open(dir, "boot-2")
+			loaded, _ = rebooted.Load()
+			if len(loaded.Newer) != 1 || !loaded.Newer[0].Stale {
+				t.Fatalf("after a reboot: %+v", loaded.Newer)
+			}
+			if err := rebooted.DeleteStale("x"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(p); !os.IsNotExist(err) {
+				t.Errorf("stale newer record left: %v", err)
+			}
 		})
 	}
 }

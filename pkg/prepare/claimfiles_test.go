@@ -189,6 +189,16 @@ func TestNewerCheckpointKept(t *testing.T) {
 	e.start()
 	e.unprepare(a)
 	e.assertClean()
+
+	// After a reboot a record in a newer format is stale like any other:
+	// dropped with the claim's files.
+	e.prepare(a)
+	if err := os.WriteFile(cpFile, newer, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.bootID = "boot-2"
+	e.start()
+	e.assertClean()
 }
 
 // TestNewerCheckpointDuringSeamlessUpgrade: while both plugin processes

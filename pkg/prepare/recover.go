@@ -79,7 +79,27 @@ func (p *Preparer) recoverLocked(ctx context.Context) error {
 	p.mu.Lock()
 	p.generation = token
 	p.mu.Unlock()
-	p.setNewer(ctx, loaded.Newer)
+	var live []checkpoint.Newer
+	for _, n := range loaded.Newer {
+		if !n.Stale {
+			live = append(live, n)
+			continue
+		}
+		// Of an earlier boot: what it describes did not survive, so it
+		// goes like a stale record of this plugin's format.
+		err := p.removeFiles(n.UID, "", "")
+		if err == nil {
+			err = p.opts.Checkpoints.DeleteStale(n.UID)
+			p.changed()
+		}
+		if err != nil {
+			logger.Error(err, "Could not remove the record (in a newer format) of a claim prepared before the node rebooted", "uid", n.UID)
+			live = append(live, n)
+			continue
+		}
+		logger.Info("Dropped claim prepared before the node rebooted (its record was in a newer format)", "uid", n.UID, "formatVersion", n.Err.FormatVersion)
+	}
+	p.setNewer(ctx, live)
 	var started []*checkpoint.Claim
 	for _, c := range loaded.Claims {
 		if c.State == checkpoint.PrepareStarted {
