@@ -40,7 +40,7 @@ func (p *Preparer) preloadFile(uid string) string {
 // went missing, from the LD_PRELOAD of the spec it was prepared with: the
 // spec mounts it, and a runtime fails a container whose mount source is
 // gone.
-func (p *Preparer) ensurePreloadFile(rec *checkpoint.Claim) error {
+func (p *Preparer) ensurePreloadFile(ctx context.Context, rec *checkpoint.Claim) error {
 	if rec.PreloadFile == "" {
 		return nil
 	}
@@ -54,7 +54,7 @@ func (p *Preparer) ensurePreloadFile(rec *checkpoint.Claim) error {
 	if err := atomicfile.Write(rec.PreloadFile, content, 0o644); err != nil {
 		return fmt.Errorf("rewrite the claim's ld.so.preload: %w", err)
 	}
-	klog.Background().Info("Rewrote missing ld.so.preload of prepared claim", "claim", klog.KRef(rec.Namespace, rec.Name), "path", rec.PreloadFile)
+	klog.FromContext(ctx).Info("Rewrote missing ld.so.preload of prepared claim", "claim", klog.KRef(rec.Namespace, rec.Name), "path", rec.PreloadFile)
 	return nil
 }
 

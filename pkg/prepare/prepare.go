@@ -227,7 +227,7 @@ func (p *Preparer) prepareLocked(ctx context.Context, claim *resourceapi.Resourc
 					return nil, err
 				}
 			}
-			if err := p.ensurePreloadFile(existing); err != nil {
+			if err := p.ensurePreloadFile(ctx, existing); err != nil {
 				return nil, err
 			}
 			if !p.opts.CDI.Exists(existing.SpecName) && existing.Spec != nil {

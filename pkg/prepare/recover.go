@@ -246,7 +246,7 @@ func (p *Preparer) restore(ctx context.Context, c *checkpoint.Claim) {
 			logger.Info("Restored missing CDI spec of prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "spec", c.SpecName)
 		}
 	}
-	if err := p.ensurePreloadFile(c); err != nil {
+	if err := p.ensurePreloadFile(ctx, c); err != nil {
 		logger.Error(err, "Could not restore the ld.so.preload of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
 	}
 	if c.MPS != nil && p.opts.MPS != nil && !p.opts.MPS.Running(c.UID) {
