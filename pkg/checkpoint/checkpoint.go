@@ -353,6 +353,10 @@ func (s *Store) Get(uid string) (*Claim, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
+	var newer *NewerError
+	if errors.As(err, &newer) {
+		newer.UID = uid
+	}
 	if err != nil {
 		return nil, err
 	}
