@@ -88,6 +88,8 @@ func TestCorruptRecords(t *testing.T) {
 	write("garbage.json", "{not json")
 	write("empty.json", "")
 	write("future.json", `{"version":99,"bootID":"boot","checksum":"","claim":{}}`)
+	write("noversion.json", `{"bootID":"boot","checksum":"","claim":{}}`)
+	write("inverted.json", `{"version":2,"formatVersion":1,"bootID":"boot","checksum":"","claim":{}}`)
 	write(".x.json.tmp-123", "partial")
 	write("README", "not a record")
 
@@ -102,10 +104,15 @@ func TestCorruptRecords(t *testing.T) {
 	for _, c := range loaded.Corrupt {
 		bad[c.UID] = true
 	}
-	for _, uid := range []string{"flipped", "other", "garbage", "empty", "future"} {
+	for _, uid := range []string{"flipped", "other", "garbage", "empty", "noversion", "inverted"} {
 		if !bad[uid] {
 			t.Errorf("%s not reported corrupt: %+v", uid, loaded.Corrupt)
 		}
+	}
+	// A newer format is not corrupt: it is kept for the plugin that
+	// reads it.
+	if bad["future"] || len(loaded.Newer) != 1 || loaded.Newer[0].UID != "future" {
+		t.Errorf("record of a newer format: corrupt %v, newer %+v", bad["future"], loaded.Newer)
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".x.json.tmp-123")); !os.IsNotExist(err) {
 		t.Error("temporary file of an interrupted write left")

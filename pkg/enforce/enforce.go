@@ -9,7 +9,9 @@
 //   - interposer: HAMi-core compatible variables (CUDA_DEVICE_MEMORY_LIMIT_<i>
 //     in MiB with the single suffix "m", CUDA_DEVICE_SM_LIMIT_<i>) and a fresh
 //     CUDA_DEVICE_MEMORY_SHARED_CACHE per claim and share; the node's
-//     interposer library is mounted and preloaded when it has one;
+//     interposer library is mounted and preloaded when it has one, through
+//     the claim's own ld.so.preload file mounted read-only over
+//     /etc/ld.so.preload (which a process cannot unset) and LD_PRELOAD;
 //   - mps: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (<i>=<MiB>M) and
 //     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, plus the pipe directory of the
 //     claim's own MPS daemon (Node.MPSPerClaim; its daemon-side limits are
@@ -77,6 +79,10 @@ const (
 	AccountingRoot = "/run/tessera"
 	// MPSPipeDir is where the MPS daemon's pipe directory is mounted.
 	MPSPipeDir = "/tmp/nvidia-mps"
+	// LDSoPreload is the dynamic loader's preload list, where the claim's
+	// preload file is mounted: glibc's ld.so loads what it names into
+	// every dynamically linked process, whatever its environment.
+	LDSoPreload = "/etc/ld.so.preload"
 )
 
 // Variables the plugin sets. The formats are what the consumers parse.
@@ -177,6 +183,11 @@ type Claim struct {
 	// MPSPipeDir is the host pipe directory of the claim's own MPS daemon
 	// when the node runs one per claim (Node.MPSPerClaim).
 	MPSPipeDir string
+	// PreloadFile is the host path of the claim's ld.so.preload file,
+	// which the caller writes with Result.PreloadContent and which is
+	// mounted at LDSoPreload when the interposer is preloaded. Empty: the
+	// interposer is preloaded through LD_PRELOAD only.
+	PreloadFile string
 }
 
 // Visible is one device as the container sees it, at CUDA index Index.
@@ -202,6 +213,11 @@ type Result struct {
 	// MPS are the daemon-side limits of the claim's own MPS daemon, which
 	// the caller starts before the containers do; nil when none is needed.
 	MPS *mps.Limits
+	// PreloadFile is Claim.PreloadFile when the spec mounts it, and
+	// PreloadContent what the caller writes there (atomically, before the
+	// spec); both empty when nothing is preloaded.
+	PreloadFile    string
+	PreloadContent []byte
 }
 
 // Plan computes the environment and mounts for a claim. accountingHostDir
@@ -328,12 +344,24 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 	}
 	if preload {
 		lib := path.Join(InterposerDir, filepath.Base(node.InterposerLibrary))
+		// LD_PRELOAD stays for tools that read it; the loader is held to
+		// the library by the read-only preload list, which a process
+		// that unsets LD_PRELOAD (or an exec with a fresh environment)
+		// cannot drop.
 		env = append(env, EnvLDPreload+"="+lib)
 		res.Mounts = append(res.Mounts, &cdispec.Mount{
 			HostPath:      node.InterposerLibrary,
 			ContainerPath: lib,
 			Options:       []string{"ro", "nosuid", "nodev", "bind"},
 		})
+		if claim.PreloadFile != "" {
+			res.PreloadFile, res.PreloadContent = claim.PreloadFile, PreloadList(lib)
+			res.Mounts = append(res.Mounts, &cdispec.Mount{
+				HostPath:      claim.PreloadFile,
+				ContainerPath: LDSoPreload,
+				Options:       []string{"ro", "nosuid", "nodev", "noexec", "bind"},
+			})
+		}
 	}
 	if res.MPS != nil {
 		res.MPS.ThreadPercent = mpsThreads
@@ -380,6 +408,27 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 		res.Visible = append(res.Visible, v.Visible)
 	}
 	return res, nil
+}
+
+// PreloadList is the content of a claim's preload file naming the
+// libraries at their container paths, one a line.
+func PreloadList(libs ...string) []byte {
+	return []byte(strings.Join(libs, "\n") + "\n")
+}
+
+// PreloadListFromSpec rebuilds a claim's preload file from the CDI spec it
+// was written with (its LD_PRELOAD), to restore a file that went missing;
+// false when the spec preloads nothing.
+func PreloadListFromSpec(spec *cdispec.Spec) ([]byte, bool) {
+	if spec == nil {
+		return nil, false
+	}
+	for _, e := range spec.ContainerEdits.Env {
+		if v, ok := strings.CutPrefix(e, EnvLDPreload+"="); ok && v != "" {
+			return PreloadList(strings.Split(v, ":")...), true
+		}
+	}
+	return nil, false
 }
 
 // formatFraction rounds down to three decimals so a cap never exceeds the

@@ -42,6 +42,9 @@ const (
 	checkpointDir = "checkpoint"
 	accountingDir = "accounting"
 	mpsDir        = "mps"
+	// claimFilesDir holds a directory per claim for files its containers
+	// mount read-only (interposer mode's ld.so.preload).
+	claimFilesDir = "claims"
 	mockDevDir    = "mock-dev"
 	// hookDir holds the nvidia-cdi-hook the plugin installs on the host.
 	hookDir = "bin"
@@ -355,6 +358,7 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement), MPSPerClaim: mpsManager != nil},
 		MPS:           mpsManager,
 		AccountingDir: acct.Root, AccountingSize: acct.Size, AccountingUnbounded: acct.Unbounded,
+		ClaimFilesDir: filepath.Join(o.PluginDataDir, claimFilesDir),
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
 			return d.publisher.Inventory(), d.modelCfg
 		},

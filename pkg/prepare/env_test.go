@@ -261,7 +261,7 @@ func (e *env) files(sub string) []string {
 // assertClean checks that nothing of any claim is left.
 func (e *env) assertClean() {
 	e.t.Helper()
-	for _, sub := range []string{"cdi", "checkpoint", "accounting", "mps"} {
+	for _, sub := range []string{"cdi", "checkpoint", "accounting", "mps", "claims"} {
 		if f := e.files(sub); len(f) > 0 {
 			e.t.Errorf("%s left: %v", sub, f)
 		}

@@ -152,6 +152,7 @@ func (p *Preparer) newPlan(claim *resourceapi.ResourceClaim, results []resourcea
 	pl := &plan{claim: claim, record: &checkpoint.Claim{
 		UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted,
 		Fingerprint: fp, SpecName: cdispec.SpecName(uid), Pods: consumerPods(claim, nil),
+		PreparedBy: checkpoint.Build,
 	}}
 	for _, r := range results {
 		d, err := p.resolve(claim, inv, devices, r)
@@ -268,7 +269,7 @@ func (p *Preparer) enforceClaim(pl *plan) enforce.Claim {
 	for _, d := range pl.devices {
 		results = append(results, d.result)
 	}
-	c := enforce.Claim{Namespace: pl.claim.Namespace, Name: pl.claim.Name, UID: string(pl.claim.UID), ShareKey: shareKey(results)}
+	c := enforce.Claim{Namespace: pl.claim.Namespace, Name: pl.claim.Name, UID: string(pl.claim.UID), ShareKey: shareKey(results), PreloadFile: p.preloadFile(string(pl.claim.UID))}
 	if p.opts.MPS != nil {
 		c.MPSPipeDir = p.opts.MPS.PipeDir(c.UID)
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/accounting"
+	"github.com/tessera-dev/tessera/pkg/atomicfile"
 	"github.com/tessera-dev/tessera/pkg/cdispec"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
@@ -75,6 +76,10 @@ type Options struct {
 	// AccountingUnbounded makes plain directories instead of tmpfs mounts,
 	// for a plugin that may not mount.
 	AccountingUnbounded bool
+	// ClaimFilesDir holds a directory per claim for the files the plugin
+	// writes for its containers (the ld.so.preload file of interposer
+	// mode), mounted read-only; empty: <checkpoint dir>/../claims.
+	ClaimFilesDir string
 	// MPS starts one MPS control daemon per claim in mps mode; nil when
 	// the node does not (then node daemons, Enforce.MPSPipeDir, serve).
 	MPS *mps.Manager
@@ -133,6 +138,13 @@ type Preparer struct {
 	// their CDI specs: until a repair settles a claim, what it held counts
 	// as taken (see Recover).
 	provisional map[string]*checkpoint.Claim
+	// newer are the claims whose records are in a checkpoint format newer
+	// than this plugin reads (written by a newer plugin during a seamless
+	// upgrade or before a downgrade), with what their CDI specs say they
+	// hold: kept untouched, their devices held, their prepare and
+	// unprepare refused (the newer plugin must do them).
+	newer    map[string]*checkpoint.Claim
+	newerErr map[string]*checkpoint.NewerError
 	// generation is the shared-state token this process last saw or
 	// wrote; dirty says it changed records since (see shared.go).
 	generation string
@@ -145,7 +157,7 @@ type Preparer struct {
 
 // New returns a Preparer. Call Recover before serving.
 func New(opts Options) *Preparer {
-	return &Preparer{opts: opts, claims: map[string]*checkpoint.Claim{}, provisional: map[string]*checkpoint.Claim{}, locks: keyedMutex{m: map[string]*keyedEntry{}}}
+	return &Preparer{opts: opts, claims: map[string]*checkpoint.Claim{}, provisional: map[string]*checkpoint.Claim{}, newer: map[string]*checkpoint.Claim{}, locks: keyedMutex{m: map[string]*keyedEntry{}}}
 }
 
 func (p *Preparer) crash(point string) {
@@ -184,6 +196,9 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	uid := string(claim.UID)
 	unlock := p.locks.lock(uid)
 	defer unlock()
+	if err := p.refuseNewer(uid); err != nil {
+		return nil, err
+	}
 	// A claim whose record was lost is prepared as a repair: what its
 	// spec says was made for it (a MIG instance) is adopted, not refused.
 	repair := p.isPending(uid)
@@ -211,6 +226,9 @@ func (p *Preparer) prepareLocked(ctx context.Context, claim *resourceapi.Resourc
 				if err := p.put(updated); err != nil {
 					return nil, err
 				}
+			}
+			if err := p.ensurePreloadFile(ctx, existing); err != nil {
+				return nil, err
 			}
 			if !p.opts.CDI.Exists(existing.SpecName) && existing.Spec != nil {
 				if err := p.opts.CDI.Write(existing.SpecName, existing.Spec); err != nil {
@@ -611,6 +629,14 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 		}
 		rec.AccountingDir = dir
 	}
+	if res.PreloadFile != "" {
+		// Before the spec that mounts it: a runtime that finds the spec
+		// finds the file.
+		if err := atomicfile.Write(res.PreloadFile, res.PreloadContent, 0o644); err != nil {
+			return nil, fmt.Errorf("write the claim's ld.so.preload: %w", err)
+		}
+		rec.PreloadFile = res.PreloadFile
+	}
 	if res.MPS != nil {
 		// The claim's own daemon, with its limits set on the daemon side,
 		// before any container can connect.
@@ -674,6 +700,9 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 func (p *Preparer) Unprepare(ctx context.Context, claim types.NamespacedName, uid types.UID) error {
 	unlock := p.locks.lock(string(uid))
 	defer unlock()
+	if err := p.refuseNewer(string(uid)); err != nil {
+		return err
+	}
 	rec := p.record(string(uid))
 	if rec == nil {
 		// Nothing recorded: remove what a crash or a lost record may have
@@ -705,6 +734,9 @@ func (p *Preparer) undo(ctx context.Context, rec *checkpoint.Claim, clearStatus 
 		dir = p.accountingDir(rec.UID)
 	}
 	if err := accounting.RemoveDir(ctx, dir); err != nil {
+		return err
+	}
+	if err := p.removeClaimFiles(rec.UID, rec.PreloadFile); err != nil {
 		return err
 	}
 	if p.opts.MPS != nil {

@@ -79,6 +79,27 @@ func (p *Preparer) recoverLocked(ctx context.Context) error {
 	p.mu.Lock()
 	p.generation = token
 	p.mu.Unlock()
+	var live []checkpoint.Newer
+	for _, n := range loaded.Newer {
+		if !n.Stale {
+			live = append(live, n)
+			continue
+		}
+		// Of an earlier boot: what it describes did not survive, so it
+		// goes like a stale record of this plugin's format.
+		err := p.removeFiles(n.UID, "", "")
+		if err == nil {
+			err = p.opts.Checkpoints.DeleteStale(n.UID)
+			p.changed()
+		}
+		if err != nil {
+			logger.Error(err, "Could not remove the record (in a newer format) of a claim prepared before the node rebooted", "uid", n.UID)
+			live = append(live, n)
+			continue
+		}
+		logger.Info("Dropped claim prepared before the node rebooted (its record was in a newer format)", "uid", n.UID, "formatVersion", n.Err.FormatVersion)
+	}
+	p.setNewer(ctx, live)
 	var started []*checkpoint.Claim
 	for _, c := range loaded.Claims {
 		if c.State == checkpoint.PrepareStarted {
@@ -225,6 +246,9 @@ func (p *Preparer) restore(ctx context.Context, c *checkpoint.Claim) {
 			logger.Info("Restored missing CDI spec of prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "spec", c.SpecName)
 		}
 	}
+	if err := p.ensurePreloadFile(ctx, c); err != nil {
+		logger.Error(err, "Could not restore the ld.so.preload of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
+	}
 	if c.MPS != nil && p.opts.MPS != nil && !p.opts.MPS.Running(c.UID) {
 		// The daemon did not survive (a node daemon restart, a plugin
 		// container restart): start it again with the recorded limits.
@@ -254,7 +278,7 @@ func (p *Preparer) orphans() (map[string]string, error) {
 		return out, err
 	}
 	for _, uid := range uids {
-		if p.record(uid) == nil {
+		if p.record(uid) == nil && !p.isNewer(uid) {
 			out[uid] = "CDI spec without checkpoint"
 		}
 	}
@@ -267,8 +291,17 @@ func (p *Preparer) orphans() (map[string]string, error) {
 			// accounting.Dirs.Probe's directory, not a claim's.
 			continue
 		}
-		if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil {
+		if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil && !p.isNewer(e.Name()) {
 			out[e.Name()] = "accounting directory without checkpoint"
+		}
+	}
+	entries, err = os.ReadDir(p.claimFilesRoot())
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return out, err
+	}
+	for _, e := range entries {
+		if _, ok := out[e.Name()]; !ok && e.IsDir() && p.record(e.Name()) == nil && !p.isNewer(e.Name()) {
+			out[e.Name()] = "claim files without checkpoint"
 		}
 	}
 	if p.opts.MPS != nil {
@@ -277,7 +310,7 @@ func (p *Preparer) orphans() (map[string]string, error) {
 			return out, err
 		}
 		for _, e := range entries {
-			if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil {
+			if _, ok := out[e.Name()]; !ok && p.record(e.Name()) == nil && !p.isNewer(e.Name()) {
 				out[e.Name()] = "MPS daemon without checkpoint"
 			}
 		}
@@ -368,7 +401,20 @@ func (p *Preparer) holdersLocked() []*checkpoint.Claim {
 			out = append(out, c)
 		}
 	}
+	for uid, c := range p.newer {
+		if p.claims[uid] == nil && p.provisional[uid] == nil {
+			out = append(out, c)
+		}
+	}
 	return out
+}
+
+// isNewer says whether a claim's record is in a newer checkpoint format.
+func (p *Preparer) isNewer(uid string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.newer[uid]
+	return ok
 }
 
 // repairOne settles a claim that lost its record, reading it from the API
@@ -503,6 +549,9 @@ func (p *Preparer) removeFiles(uid, specName, accountingDir string) error {
 		accountingDir = p.accountingDir(uid)
 	}
 	if err := accounting.RemoveDir(context.Background(), accountingDir); err != nil {
+		return err
+	}
+	if err := p.removeClaimFiles(uid, ""); err != nil {
 		return err
 	}
 	if p.opts.MPS != nil {

@@ -91,6 +91,7 @@ func (p *Preparer) SyncShared(ctx context.Context) error {
 	p.mu.Unlock()
 	// The time-slice holders are derived from the records.
 	p.opts.TimeSlice.Reset()
+	p.setNewer(ctx, loaded.Newer)
 	p.mu.Lock()
 	holders := p.holdersLocked()
 	p.mu.Unlock()
