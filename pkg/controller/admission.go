@@ -29,9 +29,6 @@ import (
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
 
-// hostnameLabel is the node label pinned pods select.
-const hostnameLabel = "kubernetes.io/hostname"
-
 // Admitter runs admission cycles and applies their decisions. Every event
 // of interest maps to one key, so changes that arrive while a cycle runs
 // are decided together in the next one.
@@ -53,6 +50,12 @@ type Admitter struct {
 	// slices and classes are the previous snapshot's, by UID (see reuse).
 	slices  map[types.UID]*resourceapi.ResourceSlice
 	classes map[types.UID]*resourceapi.DeviceClass
+	// triggers are the relevant changes since the last cycle (first: the
+	// one that came first); accounting says that a change may have moved
+	// what the queues hold while nothing was gated.
+	triggers   map[string]bool
+	first      string
+	accounting bool
 }
 
 // reuse returns pointers to the items, and them by UID: the previous
@@ -89,7 +92,12 @@ const memoTTL = 2 * time.Minute
 // CycleRequest is the one key of the admission controller.
 var CycleRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "admission-cycle"}}
 
-// Reconcile runs one cycle.
+// Reconcile runs one cycle when one can change anything: pods are gated
+// (or a recorded decision is left to finish) and something relevant
+// changed since the last cycle (a trigger: see Handler), or
+// --resync-period passed. With nothing gated it decides nothing: it only
+// replaces stale pins and, when a queue's accounting may have changed,
+// refreshes queue status at most once per --resync-period.
 func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	a.mu.Lock()
 	wait := a.Opts.CycleInterval - time.Since(a.last)
@@ -98,30 +106,96 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	logger := klog.FromContext(ctx)
+	var pods corev1.PodList
+	if err := a.Reader.List(ctx, &pods, client.UnsafeDisableDeepCopy, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+		a.Trigger(TriggerRetry)
+		return reconcile.Result{}, fmt.Errorf("listing pods: %w", err)
+	}
+	staleNext, err := a.recoverStalePins(ctx, &pods)
+	if err != nil {
+		a.Trigger(TriggerRetry)
+		return reconcile.Result{}, err
+	}
+	gated := false
+	for i := range pods.Items {
+		if admission.HasAdmissionGate(&pods.Items[i]) && pods.Items[i].DeletionTimestamp == nil {
+			gated = true
+			break
+		}
+	}
+	a.mu.Lock()
+	triggers, first := a.triggers, a.first
+	sinceLast := time.Since(a.last)
+	trigger := ""
+	switch {
+	case gated && len(triggers) > 0:
+		trigger = first
+	case gated && sinceLast >= a.Opts.ResyncPeriod:
+		trigger = TriggerResync
+	case !gated:
+		if triggers[TriggerPod] || triggers[TriggerClaim] || triggers[TriggerQueue] || triggers[TriggerNamespace] || triggers[TriggerRetry] {
+			a.accounting = true
+		}
+		if a.accounting && sinceLast >= a.Opts.ResyncPeriod {
+			trigger = TriggerAccounting
+		}
+	}
+	a.triggers, a.first = nil, ""
+	accounting := a.accounting
+	a.mu.Unlock()
+	if trigger == "" {
+		reason := SkipNoChange
+		if !gated {
+			reason = SkipNothingGated
+		}
+		a.Metrics.skipped(reason)
+		// Come back for the resync (pods gated), the queue status
+		// refresh or the next pin to pass its grace; else only an
+		// event wakes this controller.
+		next := time.Duration(0)
+		if gated || accounting {
+			next = a.Opts.ResyncPeriod - sinceLast
+		}
+		if !staleNext.IsZero() {
+			if d := time.Until(staleNext); next == 0 || d < next {
+				next = d
+			}
+		}
+		if next > 0 {
+			next = max(next, time.Second)
+		}
+		return reconcile.Result{RequeueAfter: next}, nil
+	}
 	snap, err := a.snapshot(ctx)
 	if err != nil {
+		a.Trigger(TriggerRetry)
 		return reconcile.Result{}, err
 	}
 	if a.finishDecisions(ctx, snap) {
 		// Decide on what the completions and rollbacks left.
 		if snap, err = a.snapshot(ctx); err != nil {
+			a.Trigger(TriggerRetry)
 			return reconcile.Result{}, err
 		}
 	}
 	d, err := a.Engine.Decide(ctx, snap)
 	if err != nil {
+		a.Trigger(TriggerRetry)
 		return reconcile.Result{}, fmt.Errorf("admission cycle: %w", err)
 	}
 	a.mu.Lock()
 	a.last = time.Now()
+	a.accounting = false
 	a.mu.Unlock()
+	a.Metrics.cycle(trigger)
 	start := time.Now()
 	more := a.apply(ctx, snap, d)
-	logger.V(2).Info("Admission cycle", "workloads", d.Stats.Workloads, "pending", d.Stats.Pending, "admitted", d.Stats.Admitted,
+	logger.V(2).Info("Admission cycle", "trigger", trigger, "workloads", d.Stats.Workloads, "pending", d.Stats.Pending, "admitted", d.Stats.Admitted,
 		"waiting", d.Stats.Waiting, "invalid", d.Stats.Invalid, "evicted", d.Stats.Evicted, "decide", d.Stats.Duration, "apply", time.Since(start))
 	a.Metrics.observe(snap, d, time.Since(start))
 	if more {
 		// Reasons left to write: come back soon.
+		a.Trigger(TriggerRetry)
 		return reconcile.Result{RequeueAfter: max(a.Opts.CycleInterval, time.Second)}, nil
 	}
 	return reconcile.Result{RequeueAfter: a.Opts.ResyncPeriod}, nil
@@ -220,9 +294,9 @@ func (a *Admitter) snapshot(ctx context.Context) (*admission.Snapshot, error) {
 // for a later cycle.
 func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admission.Decision) bool {
 	logger := klog.FromContext(ctx)
-	hostnames := map[string]string{}
+	nodes := map[string]bool{}
 	for _, n := range snap.Nodes {
-		hostnames[n.Name] = n.Labels[hostnameLabel]
+		nodes[n.Name] = true
 	}
 	now := metav1.Now()
 	// Gates first, all workloads, so that nothing else delays the
@@ -238,7 +312,7 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 	}
 	var gates []gate
 	for _, ad := range d.Admit {
-		pin := a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && ad.Workload.Gang)
+		pin := a.pins(ad.Workload.Gang)
 		if len(ad.Pods) > 1 && !a.recordDecision(ctx, ad) {
 			a.Engine.Forget(ad.Pods...)
 			continue
@@ -252,7 +326,7 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 	var mu sync.Mutex
 	a.parallel(len(gates), func(i int) {
 		g := gates[i]
-		annotations, err := a.ungate(ctx, g.p, g.ad.Nodes[g.p.UID], chargeOf(g.ad, g.p), g.pin, hostnames, now)
+		annotations, err := a.ungate(ctx, g.p, g.ad.Nodes[g.p.UID], chargeOf(g.ad, g.p), g.pin, nodes, now)
 		if err != nil {
 			logger.Error(err, "Ungating an admitted pod failed; it is decided again next cycle", "pod", klog.KObj(g.p), "workload", g.ad.Workload.Key)
 			mu.Lock()
@@ -415,9 +489,9 @@ func (a *Admitter) finishDecisions(ctx context.Context, snap *admission.Snapshot
 			d.started = append(d.started, p)
 		}
 	}
-	hostnames := map[string]string{}
+	nodes := map[string]bool{}
 	for _, n := range snap.Nodes {
-		hostnames[n.Name] = n.Labels[hostnameLabel]
+		nodes[n.Name] = true
 	}
 	changed := false
 	now := metav1.Now()
@@ -430,9 +504,9 @@ func (a *Admitter) finishDecisions(ctx context.Context, snap *admission.Snapshot
 			logger.Info("Completing an admission a controller recorded but did not carry out", "decision", id, "gated", len(d.gated), "started", len(d.started))
 			a.parallel(len(d.gated), func(i int) {
 				p := d.gated[i]
-				pin := a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && p.Labels[v1alpha1.GangLabel] != "")
+				pin := a.pins(p.Labels[v1alpha1.GangLabel] != "")
 				// The decision recorded the admitted charge already.
-				annotations, err := a.ungate(ctx, p, p.Annotations[v1alpha1.NodeAnnotation], "", pin, hostnames, now)
+				annotations, err := a.ungate(ctx, p, p.Annotations[v1alpha1.NodeAnnotation], "", pin, nodes, now)
 				if err != nil {
 					logger.Error(err, "Completing the admission of a pod failed; retrying next cycle", "pod", klog.KObj(p), "decision", id)
 					return
@@ -488,8 +562,11 @@ func (a *Admitter) parallel(n int, f func(i int)) {
 	wg.Wait()
 }
 
-// ungate removes the admission gate (and only it), records the simulated
-// node and, when pinning, selects that node.
+// pins says whether an admitted pod is pinned (--pin-nodes).
+func (a *Admitter) pins(gang bool) bool {
+	return a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && gang)
+}
+
 func (a *Admitter) remember(m *map[types.UID]memo, uid types.UID, annotations map[string]string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -499,7 +576,10 @@ func (a *Admitter) remember(m *map[types.UID]memo, uid types.UID, annotations ma
 	(*m)[uid] = memo{at: time.Now(), annotations: annotations}
 }
 
-func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node, charge string, pin bool, hostnames map[string]string, now metav1.Time) (map[string]string, error) {
+// ungate removes the admission gate (and only it), records the simulated
+// node and, when pinning, narrows the pod's required node affinity to that
+// node in the same patch (see pinTerms) if the node exists.
+func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node, charge string, pin bool, nodes map[string]bool, now metav1.Time) (map[string]string, error) {
 	// metadata.uid makes the patch fail on a pod recreated under the same
 	// name since the snapshot (the UID is immutable).
 	annotations := map[string]string{v1alpha1.AdmittedAtAnnotation: now.UTC().Format(time.RFC3339)}
@@ -517,9 +597,10 @@ func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node, charge strin
 	}
 	if node != "" {
 		annotations[v1alpha1.NodeAnnotation] = node
-		if h := hostnames[node]; pin && h != "" {
-			if cur, ok := p.Spec.NodeSelector[hostnameLabel]; !ok || cur == h {
-				patch["spec"].(map[string]any)["nodeSelector"] = map[string]string{hostnameLabel: h}
+		if pin && nodes[node] {
+			if terms, ok := pinTerms(p, node); ok {
+				patch["spec"].(map[string]any)["affinity"] = pinPatch(terms)
+				annotations[PinnedAnnotation] = node
 			}
 		}
 	}
@@ -553,11 +634,21 @@ func podCondition(p *corev1.Pod) *corev1.PodCondition {
 // setCondition writes the admission condition with a strategic merge patch
 // (other writers' conditions are kept).
 func (a *Admitter) setCondition(ctx context.Context, p *corev1.Pod, status corev1.ConditionStatus, reason, message string, now metav1.Time) {
-	cond := corev1.PodCondition{Type: v1alpha1.AdmissionCondition, Status: status, Reason: reason, Message: message, LastTransitionTime: now, LastProbeTime: now}
-	if c := podCondition(p); c != nil && c.Status == status {
-		cond.LastTransitionTime = c.LastTransitionTime
+	a.setConditions(ctx, p, now, corev1.PodCondition{Type: v1alpha1.AdmissionCondition, Status: status, Reason: reason, Message: message})
+}
+
+// setConditions writes pod conditions (their times set here).
+func (a *Admitter) setConditions(ctx context.Context, p *corev1.Pod, now metav1.Time, conds ...corev1.PodCondition) {
+	for i := range conds {
+		cond := &conds[i]
+		cond.LastTransitionTime, cond.LastProbeTime = now, now
+		for _, c := range p.Status.Conditions {
+			if c.Type == cond.Type && c.Status == cond.Status {
+				cond.LastTransitionTime = c.LastTransitionTime
+			}
+		}
 	}
-	patch := map[string]any{"status": map[string]any{"conditions": []corev1.PodCondition{cond}}}
+	patch := map[string]any{"status": map[string]any{"conditions": conds}}
 	data, err := json.Marshal(patch)
 	if err != nil {
 		return

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -74,4 +75,26 @@ func TestUngatesInParallelAcrossWorkloads(t *testing.T) {
 	if want := min(e.opts.ApplyWorkers, len(names)); slow.most < want {
 		t.Errorf("at most %d gate removals were in flight at once, want %d (--apply-workers=%d, %d single-pod workloads)", slow.most, want, e.opts.ApplyWorkers, len(names))
 	}
+}
+
+// pinnedTo is the node every required node selector term of the pod pins
+// it to with matchFields metadata.name, or "".
+func pinnedTo(p *corev1.Pod) string {
+	a := p.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return ""
+	}
+	node := ""
+	for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		n := len(t.MatchFields)
+		if n == 0 || t.MatchFields[n-1].Key != "metadata.name" || len(t.MatchFields[n-1].Values) != 1 {
+			return ""
+		}
+		if v := t.MatchFields[n-1].Values[0]; node == "" || node == v {
+			node = v
+		} else {
+			return ""
+		}
+	}
+	return node
 }

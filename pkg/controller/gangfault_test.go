@@ -134,8 +134,8 @@ func TestGangAtomicAcrossFaults(t *testing.T) {
 				}
 			}
 			for _, n := range names {
-				if p := e.pod(n); p.Annotations[v1alpha1.NodeAnnotation] != "node-1" || p.Spec.NodeSelector["kubernetes.io/hostname"] == "" {
-					t.Errorf("%s: not pinned to its simulated node: annotations %v, node selector %v", n, p.Annotations, p.Spec.NodeSelector)
+				if p := e.pod(n); p.Annotations[v1alpha1.NodeAnnotation] != "node-1" || pinnedTo(p) != "node-1" {
+					t.Errorf("%s: not pinned to its simulated node: annotations %v, affinity %v", n, p.Annotations, p.Spec.Affinity)
 				}
 			}
 			for _, n := range names {

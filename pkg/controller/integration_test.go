@@ -532,8 +532,8 @@ func TestController(t *testing.T) {
 		e.waitAdmitted("train-0", "train-1", "train-2", "train-3")
 		for i := range 4 {
 			p := e.pod(fmt.Sprintf("train-%d", i))
-			if p.Spec.NodeSelector["kubernetes.io/hostname"] != "node-1" || p.Annotations[v1alpha1.NodeAnnotation] != "node-1" {
-				t.Errorf("%s not pinned to node-1: %v %v", p.Name, p.Spec.NodeSelector, p.Annotations)
+			if pinnedTo(p) != "node-1" || p.Annotations[v1alpha1.NodeAnnotation] != "node-1" {
+				t.Errorf("%s not pinned to node-1: %v %v", p.Name, p.Spec.Affinity, p.Annotations)
 			}
 		}
 	})

@@ -32,12 +32,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -124,7 +122,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	// do; the simulation applies them too, where the API serves them
 	// (resource.k8s.io/v1, Kubernetes 1.37).
 	watched := []client.Object{&v1alpha1.Queue{}, &corev1.Pod{}, &resourceapi.ResourceClaim{}, &resourceapi.ResourceClaimTemplate{},
-		&resourceapi.ResourceSlice{}, &resourceapi.DeviceClass{}, &corev1.Node{}}
+		&resourceapi.ResourceSlice{}, &resourceapi.DeviceClass{}, &corev1.Node{}, &corev1.Namespace{}}
 	if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: resourceapi.GroupName, Kind: "DeviceTaintRule"}, "v1"); err == nil && features.DeviceTaints {
 		watched = append(watched, &resourceapi.DeviceTaintRule{})
 		reader := mgr.GetCache()
@@ -150,11 +148,12 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		Metrics:  NewMetrics(registry(o)),
 		Opts:     o,
 	}
-	one := func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{CycleRequest} }
 	b := ctrl.NewControllerManagedBy(mgr).Named("admission").
 		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: ptr.To(true)})
 	for _, obj := range watched {
-		b = b.WatchesRawSource(source.Kind(mgr.GetCache(), obj, handler.EnqueueRequestsFromMapFunc(one)))
+		// Only changes that can admit a gated pod, move what the queues
+		// hold or make a pin stale enqueue a cycle (changeTrigger).
+		b = b.WatchesRawSource(source.Kind(mgr.GetCache(), obj, admitter.Handler()))
 	}
 	if err := b.Complete(admitter); err != nil {
 		return nil, fmt.Errorf("admission controller: %w", err)
@@ -194,7 +193,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		return err
 	}
 	klog.FromContext(ctx).Info("Starting the Tessera controller", "leaderElect", o.LeaderElect, "namespace", o.Namespace,
-		"webhook", net.JoinHostPort(o.WebhookHost, strconv.Itoa(o.WebhookPort)), "webhookConfig", o.WebhookConfig, "reclaim", o.Reclaim, "pinNodes", o.PinNodes)
+		"webhook", net.JoinHostPort(o.WebhookHost, strconv.Itoa(o.WebhookPort)), "webhookConfig", o.WebhookConfig, "reclaim", o.Reclaim, "pinNodes", o.PinNodes, "stalePinGrace", o.StalePinGrace, "replaceStalePins", o.ReplaceStalePins)
 	return mgr.Start(ctx)
 }
 

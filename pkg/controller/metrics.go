@@ -26,6 +26,9 @@ const (
 	MetricQueueEvictedWorkloads   = "tessera_queue_evicted_workloads_total"
 	MetricQueueMemoryUsedBytes    = "tessera_queue_memory_used_bytes"
 	MetricInadmissibleWorkloads   = "tessera_controller_inadmissible_workloads"
+	MetricCyclesTotal             = "tessera_admission_cycles_total"
+	MetricCyclesSkippedTotal      = "tessera_admission_cycles_skipped_total"
+	MetricStalePinsTotal          = "tessera_stale_pins_total"
 	evictionReasonReclaim         = "reclaim"
 	resourceLabel, queueLabel     = "resource", "queue"
 	reasonLabel                   = "reason"
@@ -58,6 +61,12 @@ type Metrics struct {
 	// the gauge says how many are stuck now and why (alert on > 0 for a
 	// while), and falls back to 0 once they are fixed.
 	inadmissible *prometheus.GaugeVec
+	// cycles counts the cycles run by trigger (the first relevant change
+	// since the previous cycle), skippedCycles the wake-ups that ran no
+	// cycle by why, stalePins the pods replaced for a stale pin.
+	cycles        *prometheus.CounterVec
+	skippedCycles *prometheus.CounterVec
+	stalePins     *prometheus.CounterVec
 	// now is the clock of the wait-time histogram (tests replace it).
 	now func() time.Time
 }
@@ -110,11 +119,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		inadmissible: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: MetricInadmissibleWorkloads, Help: "Workloads the last admission cycle found inadmissible as they are (bad labels, claims the scheduler's allocator refuses, selectors that fail), by reason; the other workloads are decided regardless.",
 		}, []string{reasonLabel}),
+		cycles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricCyclesTotal, Help: "Admission cycles run, by trigger: the first change since the previous cycle that could admit a gated pod (pod, claim, queue, slice, class, node, namespace), stale-pin, resync, retry, or accounting (nothing gated: queue status refreshed).",
+		}, []string{"trigger"}),
+		skippedCycles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricCyclesSkippedTotal, Help: "Wake-ups of the admission controller that ran no cycle, by reason: nothing-gated, no-change.",
+		}, []string{reasonLabel}),
+		stalePins: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricStalePinsTotal, Help: "Pinned pods deleted because their pin went stale, by reason: node-gone, unschedulable.",
+		}, []string{reasonLabel}),
 		now: time.Now,
 	}
 	if reg != nil {
 		reg.MustRegister(m.cycleDuration, m.workloads, m.admitted, m.evicted,
-			m.queuePending, m.queueAdmitted, m.queueWait, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueEvicted, m.queueUsed, m.inadmissible)
+			m.queuePending, m.queueAdmitted, m.queueWait, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueEvicted, m.queueUsed, m.inadmissible,
+			m.cycles, m.skippedCycles, m.stalePins)
 	}
 	return m
 }
@@ -124,7 +143,25 @@ func MetricNames() []string {
 	return []string{MetricCycleSeconds, MetricWorkloads, MetricAdmittedTotal, MetricReclaimedTotal,
 		MetricQueuePendingWorkloads, MetricQueueAdmittedWorkloads, MetricQueueAdmissionWait, MetricQueueResourceUsage,
 		MetricQueueQuota, MetricQueueLimit, MetricQueueFairShare, MetricQueueEvictedWorkloads, MetricQueueMemoryUsedBytes,
-		MetricInadmissibleWorkloads}
+		MetricInadmissibleWorkloads, MetricCyclesTotal, MetricCyclesSkippedTotal, MetricStalePinsTotal}
+}
+
+func (m *Metrics) cycle(trigger string) {
+	if m != nil {
+		m.cycles.WithLabelValues(trigger).Inc()
+	}
+}
+
+func (m *Metrics) skipped(reason string) {
+	if m != nil {
+		m.skippedCycles.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) stalePin(reason string) {
+	if m != nil {
+		m.stalePins.WithLabelValues(reason).Inc()
+	}
 }
 
 func (m *Metrics) observe(snap *admission.Snapshot, d *admission.Decision, apply time.Duration) {

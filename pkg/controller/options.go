@@ -39,8 +39,8 @@ const (
 	WebhookNone = "none"
 )
 
-// Pinning modes: which admitted pods get a node selector for the node the
-// admission simulation placed them on.
+// Pinning modes: which admitted pods get required node affinity on
+// metadata.name for the node the admission simulation placed them on.
 const (
 	PinGangs = "gangs"
 	PinAll   = "all"
@@ -69,6 +69,8 @@ type Options struct {
 	Reclaim                 bool
 	MaxReclaimsPerCycle     int
 	PinNodes                string
+	StalePinGrace           time.Duration
+	ReplaceStalePins        bool
 	CycleInterval           time.Duration
 	ResyncPeriod            time.Duration
 	KubeAPIQPS              float32
@@ -125,7 +127,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ValidatingConfiguration, "validating-webhook-configuration", "", "ValidatingWebhookConfiguration made by the installer whose caBundle the controller sets (--webhook-config=patch).")
 	fs.BoolVar(&o.Reclaim, "reclaim", true, "Evict over-quota workloads of other queues (never below their quota) for a workload within its queue's quota that does not fit otherwise.")
 	fs.IntVar(&o.MaxReclaimsPerCycle, "max-reclaims-per-cycle", 16, "Workloads one admission cycle tries to reclaim for; the others wait for the next cycle.")
-	fs.StringVar(&o.PinNodes, "pin-nodes", PinGangs, "Which admitted pods get a node selector for the node the admission simulation placed them on: gangs (members of a gang start where they were found to fit together), all, none.")
+	fs.StringVar(&o.PinNodes, "pin-nodes", PinAll, "Which admitted pods get required node affinity (matchFields metadata.name) for the node the admission simulation placed them on, so that kube-scheduler filters that one node: all, gangs (members of a gang start where they were found to fit together), none. Stale pins are replaced (--stale-pin-grace).")
+	fs.DurationVar(&o.StalePinGrace, "stale-pin-grace", 2*time.Minute, "How long a pinned pod may stay unschedulable (PodScheduled=False, reason Unschedulable) before its pin counts as stale; a pin to a node that is gone is stale at once.")
+	fs.BoolVar(&o.ReplaceStalePins, "replace-stale-pins", true, "Delete a never-bound pod whose pin is stale, so that its owner recreates it and the replacement is queued again (a bare pod is deleted too: its event says to create it again); false only marks it (condition and event, reason StalePin).")
 	fs.DurationVar(&o.CycleInterval, "cycle-interval", 500*time.Millisecond, "Minimum time between admission cycles; changes in between are decided together.")
 	fs.DurationVar(&o.ResyncPeriod, "resync-period", 30*time.Second, "Run an admission cycle at least this often.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 200, "Client-side limit of queries per second to the API server, per resource type. Admitting a pod costs two pod writes (ungate, condition), so this bounds admission to about half as many pods per second; the API server's priority and fairness protects it beyond that.")
@@ -184,6 +188,9 @@ func (o *Options) Validate() error {
 	}
 	if o.WebhookPort > 65535 {
 		return fmt.Errorf("--webhook-port=%d is not a port", o.WebhookPort)
+	}
+	if o.StalePinGrace < 0 {
+		return fmt.Errorf("--stale-pin-grace must not be negative")
 	}
 	if o.CycleInterval < 0 || o.ResyncPeriod <= 0 {
 		return fmt.Errorf("--cycle-interval must not be negative and --resync-period must be positive")
