@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -283,7 +284,7 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 		{"unknown tessera.dev label", map[string]string{"tessera.dev/queue": "default", "tessera.dev/priority": "high"}, nil, "label tessera.dev/priority cannot be set, changed or removed: the tessera.dev/ labels a pod may carry are tessera.dev/queue, tessera.dev/gang and tessera.dev/gang-size"},
 		{"queue label", queued, nil, ""},
 		{"queue, gang and gang-size labels", map[string]string{"tessera.dev/queue": "default", "tessera.dev/gang": "g", "tessera.dev/gang-size": "2"}, nil, ""},
-		{"another domain's annotation", nil, map[string]string{"demo.tessera.dev/expect": "Running", "example.com/tessera.dev/x": "1"}, ""},
+		{"another domain's annotation", nil, map[string]string{"demo.tessera.dev/expect": "Running", "example.com/tessera.dev": "1"}, ""},
 	} {
 		_, err := pods.Create(ctx, meta("k", tc.labels, tc.annotations), dry)
 		if tc.want == "" {
@@ -459,6 +460,10 @@ func testNvidiaVisibleDevices(t *testing.T, ctx context.Context, admin, tenant k
 	}
 	// The release's namespace and kube-system (exemptNamespaces) are left out.
 	for _, ns := range []string{DefaultNamespace, "kube-system"} {
+		// No kube-controller-manager here makes the default service account.
+		if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 		if _, err := admin.CoreV1().Pods(ns).Create(ctx, nvidiaPod("nv", all), dry); err != nil {
 			t.Errorf("NVIDIA_VISIBLE_DEVICES=all in namespace %s: %v, want allowed (left out)", ns, err)
 		}
