@@ -47,6 +47,9 @@ type PodGater struct {
 	Decoder admission.Decoder
 	// Reader reads the pod's Namespace and Queue; nil skips the
 	// namespace's queue and the selector check (unit tests of gating).
+	// When it is a ReadThrough (CacheFirst is), a namespace its cache
+	// holds as unmanaged is read again from the API server before a claim
+	// user without a queue label is let through ungated.
 	Reader client.Reader
 }
 
@@ -64,14 +67,26 @@ func (g *PodGater) Handle(ctx context.Context, req admission.Request) admission.
 		ns = req.Namespace
 	}
 	var nsLabels map[string]string
+	q, labelled := pod.Labels[v1alpha1.QueueLabel]
 	if g.Reader != nil {
 		var namespace corev1.Namespace
 		if err := g.Reader.Get(ctx, client.ObjectKey{Name: ns}, &namespace); err != nil {
 			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading namespace %s: %w", ns, err))
 		}
 		nsLabels = namespace.Labels
+		if _, managed := nsLabels[v1alpha1.QueueLabel]; !managed && !labelled && len(pod.Spec.ResourceClaims) > 0 {
+			// The cache says unmanaged, which lets this claim user run
+			// outside any queue: a namespace labelled a moment ago may not
+			// be in the cache yet, and a stale cache may not decide in the
+			// tenant's favour. Ask the API server.
+			if rt, ok := g.Reader.(ReadThrough); ok {
+				if err := rt.ReadThrough().Get(ctx, client.ObjectKey{Name: ns}, &namespace); err != nil {
+					return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading namespace %s from the API server: %w", ns, err))
+				}
+				nsLabels = namespace.Labels
+			}
+		}
 	}
-	q, labelled := pod.Labels[v1alpha1.QueueLabel]
 	stamp := false
 	if !labelled {
 		nsQueue, managed := nsLabels[v1alpha1.QueueLabel]

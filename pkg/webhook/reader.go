@@ -20,12 +20,25 @@ import (
 // the API server, and a tenant who could change an object could race the
 // webhook's view of it. Those objects change only with an administrator's
 // action, and a pod created within milliseconds of that change is judged
-// by the object as it was just before.
-func CacheFirst(cache, direct client.Reader) client.Reader {
+// by the object as it was just before, except where that view would let
+// the pod skip its queue: the pod webhook reads a namespace that the cache
+// holds as unmanaged again through ReadThrough before it lets a claim user
+// through ungated.
+func CacheFirst(cache, direct client.Reader) ReadThrough {
 	return &cacheFirst{cache: cache, direct: direct}
 }
 
+// ReadThrough is a reader that reads from a cache and can also be asked to
+// read past it, from the API server.
+type ReadThrough interface {
+	client.Reader
+	// ReadThrough returns the reader that asks the API server.
+	ReadThrough() client.Reader
+}
+
 type cacheFirst struct{ cache, direct client.Reader }
+
+func (r *cacheFirst) ReadThrough() client.Reader { return r.direct }
 
 func (r *cacheFirst) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 	err := r.cache.Get(ctx, key, obj, opts...)

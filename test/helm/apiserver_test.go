@@ -246,6 +246,18 @@ func (s *apiServer) impersonate(t *testing.T, namespace, sa, node string) kubern
 	return c
 }
 
+// as returns a client acting as user in groups (the kubelet, the scheduler).
+func (s *apiServer) as(t *testing.T, user string, groups ...string) kubernetes.Interface {
+	t.Helper()
+	cfg := rest.CopyConfig(s.config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func slice(name, node, driver string) *resourceapi.ResourceSlice {
 	return &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: name},

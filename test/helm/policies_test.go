@@ -1,13 +1,17 @@
 package helm
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -140,6 +144,11 @@ func TestAdmissionPolicies(t *testing.T) {
 	allowed("controller admits (gate, hostname, annotations)", patch(ctl, "team-a", "w",
 		`{"metadata":{"annotations":{"tessera.dev/admitted-at":"2026-01-01T00:00:00Z","tessera.dev/simulated-node":"n1"}},"spec":{"nodeSelector":{"kubernetes.io/hostname":"n1"},"schedulingGates":[{"$patch":"delete","name":"tessera.dev/admission"}]}}`))
 
+	// 1b. Only the controller writes tessera.dev/ annotations (its
+	// decisions) and tessera.dev/ labels other than queue, gang, gang-size;
+	// the kubelet's and the scheduler's writes pass.
+	testTesseraKeys(t, ctx, s, admin, tenant, ctl)
+
 	// 5. The pod's env cannot loosen its limits.
 	for _, e := range []corev1.EnvVar{
 		{Name: "CUDA_DEVICE_MEMORY_LIMIT_0", Value: "80g"}, {Name: "CUDA_DEVICE_SM_LIMIT", Value: "100"},
@@ -172,6 +181,9 @@ func TestAdmissionPolicies(t *testing.T) {
 	allowed("queued, gated claim user in a managed namespace", err)
 	_, err = tenantM.CoreV1().Pods("managed").Create(ctx, pod("m", nil, false, false), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	allowed("pod without claims in a managed namespace", err)
+
+	// 5d. NVIDIA_VISIBLE_DEVICES outside a claim (legacy NVIDIA runtime).
+	testNvidiaVisibleDevices(t, ctx, admin, tenant)
 
 	// 8. The plugin writes the status only of claims allocated on its node.
 	claim := &resourceapi.ResourceClaim{
@@ -211,4 +223,301 @@ func TestAdmissionPolicies(t *testing.T) {
 	// claimstatus policy is what holds on 1.34/1.35, where
 	// resourceclaims/status is all or nothing. Its CEL compiled and
 	// allowed node-a's write above.
+
+	// The NVIDIA_VISIBLE_DEVICES policy is a value: off, the same pod passes.
+	off := append(append([]string(nil), install...), "--set", "admissionPolicies.nvidiaVisibleDevices.enabled=false")
+	if out, err := runHelm(t, off...); err != nil {
+		t.Fatalf("helm upgrade with admissionPolicies.nvidiaVisibleDevices.enabled=false: %v\n%s", err, out)
+	}
+	eventually(t, "NVIDIA_VISIBLE_DEVICES=all allowed once the policy is off", func() error {
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, nvidiaPod("off", corev1.EnvVar{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
+}
+
+// eventually retries f until it returns nil (the API server loads and
+// unloads policies within a few seconds).
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if err = f(); err == nil {
+			return
+		}
+	}
+	t.Errorf("%s: still %v after 60s", what, err)
+}
+
+// testTesseraKeys: policy <release>-pod-tessera-keys. Nobody but the
+// controller's service account sets, changes or removes a tessera.dev/
+// annotation, or a tessera.dev/ label other than queue, gang, gang-size;
+// the kubelet's status updates and the scheduler's bindings pass.
+func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, tenant, ctl kubernetes.Interface) {
+	t.Helper()
+	pods := tenant.CoreV1().Pods("team-a")
+	meta := func(name string, labels, annotations map[string]string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+		}
+	}
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	// The policy is new in this install: wait until it is loaded.
+	eventually(t, "policy pod-tessera-keys loaded", func() error {
+		_, err := pods.Create(ctx, meta("probe", nil, map[string]string{"tessera.dev/admission-decision": "x/1"}), dry)
+		if err != nil && strings.Contains(err.Error(), "only Tessera's controller writes tessera.dev/ annotations") {
+			return nil
+		}
+		return fmt.Errorf("forged decision annotation at creation: %v", err)
+	})
+	queued := map[string]string{"tessera.dev/queue": "default"}
+	for _, tc := range []struct {
+		name        string
+		labels      map[string]string
+		annotations map[string]string
+		want        string // "" = allowed
+	}{
+		{"forged decision annotation", queued, map[string]string{"tessera.dev/admission-decision": "forged/1"}, "annotation tessera.dev/admission-decision cannot be set, changed or removed: only Tessera's controller"},
+		{"forged pinned node", queued, map[string]string{"tessera.dev/simulated-node": "n1"}, "annotation tessera.dev/simulated-node cannot be set"},
+		{"forged admission time (reclaim order)", queued, map[string]string{"tessera.dev/admitted-at": "2000-01-01T00:00:00Z"}, "annotation tessera.dev/admitted-at cannot be set"},
+		{"an annotation no code reads yet", nil, map[string]string{"tessera.dev/anything": "1"}, "annotation tessera.dev/anything cannot be set"},
+		{"unknown tessera.dev label", map[string]string{"tessera.dev/queue": "default", "tessera.dev/priority": "high"}, nil, "label tessera.dev/priority cannot be set, changed or removed: the tessera.dev/ labels a pod may carry are tessera.dev/queue, tessera.dev/gang and tessera.dev/gang-size"},
+		{"queue label", queued, nil, ""},
+		{"queue, gang and gang-size labels", map[string]string{"tessera.dev/queue": "default", "tessera.dev/gang": "g", "tessera.dev/gang-size": "2"}, nil, ""},
+		{"another domain's annotation", nil, map[string]string{"demo.tessera.dev/expect": "Running", "example.com/tessera.dev": "1"}, ""},
+	} {
+		_, err := pods.Create(ctx, meta("k", tc.labels, tc.annotations), dry)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("tenant creates a pod with %s: %v, want allowed", tc.name, err)
+			}
+		} else if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("tenant creates a pod with %s: %v, want refused with %q", tc.name, err, tc.want)
+		}
+	}
+
+	// On update: a pod the controller has decided for.
+	if _, err := pods.Create(ctx, meta("keys", queued, map[string]string{"note": "mine"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	patch := func(c kubernetes.Interface, p string, sub ...string) error {
+		_, err := c.CoreV1().Pods("team-a").Patch(ctx, "keys", types.StrategicMergePatchType, []byte(p), metav1.PatchOptions{}, sub...)
+		return err
+	}
+	if err := patch(ctl, `{"metadata":{"annotations":{"tessera.dev/admission-decision":"d1/1","tessera.dev/simulated-node":"n1"}}}`); err != nil {
+		t.Errorf("the controller records a decision in annotations: %v, want allowed", err)
+	}
+	for _, tc := range []struct {
+		name, patch, want string
+		sub               []string
+	}{
+		{name: "tenant adds a decision annotation by update", patch: `{"metadata":{"annotations":{"tessera.dev/admitted-at":"2000-01-01T00:00:00Z"}}}`, want: "annotation tessera.dev/admitted-at cannot be set, changed or removed"},
+		{name: "tenant changes the controller's annotation", patch: `{"metadata":{"annotations":{"tessera.dev/simulated-node":"n2"}}}`, want: "annotation tessera.dev/simulated-node cannot be set"},
+		{name: "tenant removes the controller's annotation", patch: `{"metadata":{"annotations":{"tessera.dev/admission-decision":null}}}`, want: "annotation tessera.dev/admission-decision cannot be set"},
+		{name: "tenant adds an unknown tessera.dev label", patch: `{"metadata":{"labels":{"tessera.dev/evict-last":"true"}}}`, want: "label tessera.dev/evict-last cannot be set"},
+		{name: "tenant changes its own annotation and label", patch: `{"metadata":{"annotations":{"note":"changed"},"labels":{"app":"y"}}}`},
+	} {
+		err := patch(tenant, tc.patch, tc.sub...)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v, want allowed", tc.name, err)
+			}
+		} else if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want refused with %q", tc.name, err, tc.want)
+		}
+	}
+	got, err := admin.CoreV1().Pods("team-a").Get(ctx, "keys", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Annotations["tessera.dev/admission-decision"] != "d1/1" || got.Annotations["tessera.dev/simulated-node"] != "n1" {
+		t.Errorf("the controller's annotations after the tenant's attempts: %v", got.Annotations)
+	}
+
+	refusedMsg := func(what string, err error, want string) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want refused with %q", what, err, want)
+		}
+	}
+	// The scheduler binds the pod (pods/binding); a Binding's annotations
+	// are copied onto the pod, so a tessera.dev/ one is refused there too.
+	scheduler := s.as(t, "system:kube-scheduler", "system:authenticated")
+	bind := func(annotations map[string]string) error {
+		return scheduler.CoreV1().Pods("team-a").Bind(ctx, &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: "keys", Annotations: annotations},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: "n1"},
+		}, metav1.CreateOptions{})
+	}
+	refusedMsg("a Binding that carries a tessera.dev/ annotation", bind(map[string]string{"tessera.dev/simulated-node": "n1"}), "annotation tessera.dev/simulated-node cannot be set")
+	if err := bind(nil); err != nil {
+		t.Errorf("the scheduler binds a pod: %v, want allowed", err)
+	}
+
+	// The kubelet of the pod's node (system:node ClusterRole, as the Node
+	// authorizer would allow) updates the status of a pod that carries the
+	// controller's annotations; metadata unchanged, so it passes.
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubelet-like"},
+		Subjects:   []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "system:node:n1"}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:node"},
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubelet := s.as(t, "system:node:n1", "system:nodes", "system:authenticated")
+	if got, err = admin.CoreV1().Pods("team-a").Get(ctx, "keys", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.NodeName != "n1" {
+		t.Fatalf("pod keys is bound to %q, want n1", got.Spec.NodeName)
+	}
+	got.Status.Phase = corev1.PodRunning
+	got.Status.Conditions = append(got.Status.Conditions, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue})
+	// (RBAC picks up the new binding within moments.)
+	eventually(t, "kubelet-like pods/status update of a pod with the controller's annotations", func() error {
+		_, err := kubelet.CoreV1().Pods("team-a").UpdateStatus(ctx, got.DeepCopy(), metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
+	err = patch(kubelet, `{"status":{"conditions":[{"type":"ContainersReady","status":"True"}]}}`, "status")
+	if err != nil {
+		t.Errorf("kubelet-like pods/status patch: %v, want allowed", err)
+	}
+	refusedMsg("a status writer changes a tessera.dev/ annotation through pods/status",
+		patch(kubelet, `{"metadata":{"annotations":{"tessera.dev/admitted-at":"2000-01-01T00:00:00Z"}}}`, "status"), "annotation tessera.dev/admitted-at cannot be set")
+}
+
+func nvidiaPod(name string, env ...corev1.EnvVar) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "nvidia/cuda", Env: env}}},
+	}
+}
+
+// testNvidiaVisibleDevices: policy <release>-nvidia-visible-devices.
+func testNvidiaVisibleDevices(t *testing.T, ctx context.Context, admin, tenant kubernetes.Interface) {
+	t.Helper()
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	const why = "sets NVIDIA_VISIBLE_DEVICES: on a node whose NVIDIA container runtime runs in legacy mode"
+	eventually(t, "policy nvidia-visible-devices loaded", func() error {
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, nvidiaPod("probe", corev1.EnvVar{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}), dry)
+		if err != nil && strings.Contains(err.Error(), why) {
+			return nil
+		}
+		return fmt.Errorf("NVIDIA_VISIBLE_DEVICES=all: %v", err)
+	})
+	all := corev1.EnvVar{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}
+	for _, tc := range []struct {
+		name string
+		pod  func(p *corev1.Pod)
+		want string // "" = allowed
+	}{
+		{"NVIDIA_VISIBLE_DEVICES=all in a claim-less container", func(p *corev1.Pod) { p.Spec.Containers[0].Env = []corev1.EnvVar{all} }, "container main " + why},
+		{"a GPU UUID", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "GPU-0f3e"}}
+		}, "remove it (only void or none are allowed) and ask for a GPU with a ResourceClaim"},
+		{"in an init container", func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "nvidia/cuda", Env: []corev1.EnvVar{all}}}
+		}, "container init " + why},
+		{"in a container that uses a claim", func(p *corev1.Pod) {
+			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("gpu")}}
+			p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+			p.Spec.Containers[0].Env = []corev1.EnvVar{all}
+		}, "container main " + why},
+		{"from a ConfigMap key", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}, Key: "k"}}}}
+		}, why},
+		{"envFrom prefix NVIDIA_", func(p *corev1.Pod) {
+			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "NVIDIA_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}}
+		}, "has an envFrom prefix that can make NVIDIA_VISIBLE_DEVICES"},
+		{"device list as a volume mount", func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "v", MountPath: "/var/run/nvidia-container-devices/all"}}
+		}, "mounts a volume under /var/run/nvidia-container-devices"},
+		{"void", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "void"}}
+		}, ""},
+		{"none", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "none"}}
+		}, ""},
+		{"NVIDIA_DRIVER_CAPABILITIES", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_DRIVER_CAPABILITIES", Value: "all"}}
+		}, ""},
+		{"an unrelated envFrom prefix", func(p *corev1.Pod) {
+			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "APP_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}}
+		}, ""},
+	} {
+		p := nvidiaPod("nv")
+		tc.pod(p)
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, dry)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v, want allowed", tc.name, err)
+			}
+		} else if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want refused with %q", tc.name, err, tc.want)
+		}
+	}
+	// The release's namespace and kube-system (exemptNamespaces) are left out.
+	for _, ns := range []string{DefaultNamespace, "kube-system"} {
+		// No kube-controller-manager here makes the default service account.
+		if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		if _, err := admin.CoreV1().Pods(ns).Create(ctx, nvidiaPod("nv", all), dry); err != nil {
+			t.Errorf("NVIDIA_VISIBLE_DEVICES=all in namespace %s: %v, want allowed (left out)", ns, err)
+		}
+	}
+	// An ephemeral container (kubectl debug) is checked on
+	// pods/ephemeralcontainers; the pod's existing containers are not
+	// checked again.
+	p, err := admin.CoreV1().Pods("team-a").Create(ctx, nvidiaPod("debugme"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "nvidia/cuda", Env: []corev1.EnvVar{all}}}}
+	_, err = admin.CoreV1().Pods("team-a").UpdateEphemeralContainers(ctx, "debugme", p.DeepCopy(), metav1.UpdateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "container debug "+why) {
+		t.Errorf("an ephemeral container with NVIDIA_VISIBLE_DEVICES=all: %v, want refused", err)
+	}
+	p.Spec.EphemeralContainers[0].Env = nil
+	if _, err := admin.CoreV1().Pods("team-a").UpdateEphemeralContainers(ctx, "debugme", p.DeepCopy(), metav1.UpdateOptions{}); err != nil {
+		t.Errorf("an ephemeral container without it: %v, want allowed", err)
+	}
+}
+
+// TestNvidiaVisibleDevicesValues renders the NVIDIA_VISIBLE_DEVICES policy
+// with its values: on by default, leaving out the release's namespace and
+// exemptNamespaces; off with its own switch or with every policy.
+func TestNvidiaVisibleDevicesValues(t *testing.T) {
+	const name = "tessera-nvidia-visible-devices"
+	excluded := func(objs map[string]any) []string {
+		vap := get[*admissionregistrationv1.ValidatingAdmissionPolicy](t, objs, "ValidatingAdmissionPolicy", name)
+		get[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, objs, "ValidatingAdmissionPolicyBinding", name)
+		if *vap.Spec.FailurePolicy != admissionregistrationv1.Fail {
+			t.Error("failurePolicy is not Fail")
+		}
+		sel := vap.Spec.MatchConstraints.NamespaceSelector
+		if sel == nil || len(sel.MatchExpressions) != 1 || sel.MatchExpressions[0].Key != "kubernetes.io/metadata.name" || sel.MatchExpressions[0].Operator != metav1.LabelSelectorOpNotIn {
+			t.Fatalf("namespaceSelector %+v", sel)
+		}
+		return sel.MatchExpressions[0].Values
+	}
+	if got := excluded(renderTyped(t, valueSet{name: "default"})); strings.Join(got, ",") != DefaultNamespace+",kube-system" {
+		t.Errorf("default: left out %v, want the release's namespace and kube-system", got)
+	}
+	if got := excluded(renderTyped(t, valueSet{name: "exempt", set: []string{"--set", "admissionPolicies.nvidiaVisibleDevices.exemptNamespaces={gpu-operator," + DefaultNamespace + "}"}})); strings.Join(got, ",") != DefaultNamespace+",gpu-operator" {
+		t.Errorf("exemptNamespaces gpu-operator: left out %v", got)
+	}
+	for _, set := range []string{"admissionPolicies.nvidiaVisibleDevices.enabled=false", "admissionPolicies.enabled=false"} {
+		objs := renderTyped(t, valueSet{name: set, set: []string{"--set", set}})
+		for _, k := range []string{"ValidatingAdmissionPolicy/" + name, "ValidatingAdmissionPolicyBinding/" + name} {
+			if _, ok := objs[k]; ok {
+				t.Errorf("%s: %s rendered", set, k)
+			}
+		}
+	}
+	if _, err := runHelm(t, "template", ReleaseName, ChartPath, "--kube-version", kubeVersion, "--set", "admissionPolicies.nvidiaVisibleDevices.exemptNamespaces={Not_A_Name}"); err == nil || !strings.Contains(err.Error(), "exemptNamespaces") {
+		t.Errorf("an exempt namespace that is no namespace name: %v, want an error naming exemptNamespaces", err)
+	}
 }
