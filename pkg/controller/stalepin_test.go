@@ -19,7 +19,7 @@ import (
 // is pinned by node affinity on metadata.name in the patch that removes
 // its gate (the API accepts it on a gated pod); a pinned pod the scheduler
 // reports Unschedulable past --stale-pin-grace, and one whose node is
-// deleted, are deleted with a StalePin event (their owner, or the user for
+// deleted, are evicted with a StalePin event (their owner, or the user for
 // a bare pod, creates them again).
 func TestStalePinReplaced(t *testing.T) {
 	e := startEnv(t)
@@ -66,9 +66,20 @@ func TestStalePinReplaced(t *testing.T) {
 	}
 
 	// The scheduler found no room on the pinned node a minute ago.
+	// The scheduler replaces the pod's PodScheduled condition (it was
+	// SchedulingGated while the pod waited).
 	p := e.pod("stuck")
-	p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
-		Reason: corev1.PodReasonUnschedulable, Message: "0/1 nodes are available: 1 Insufficient cpu.", LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))})
+	unschedulable := corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
+		Reason: corev1.PodReasonUnschedulable, Message: "0/1 nodes are available: 1 Insufficient cpu.", LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))}
+	replaced := false
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == corev1.PodScheduled {
+			p.Status.Conditions[i], replaced = unschedulable, true
+		}
+	}
+	if !replaced {
+		p.Status.Conditions = append(p.Status.Conditions, unschedulable)
+	}
 	if err := e.c.Status().Update(e.ctx, p); err != nil {
 		t.Fatal(err)
 	}
