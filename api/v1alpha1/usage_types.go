@@ -104,6 +104,10 @@ type QueueUsage struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=1000
 	Records []UsageRecord `json:"records,omitempty"`
+	// RetainedDays is how many UTC days of Days the controller keeps
+	// (--usage-history-days).
+	// +optional
+	RetainedDays int32 `json:"retainedDays,omitempty"`
 	// Days holds the amounts of the last --usage-history-days UTC days
 	// (today included), oldest first; `kubectl tessera report --since`
 	// reads them.
