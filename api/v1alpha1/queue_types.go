@@ -106,6 +106,10 @@ type QueueSpec struct {
 	// its children's).
 	// +optional
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+	// FairSharing tunes how a parent queue divides capacity beyond its
+	// children's quotas (time-based fair share). Ignored on a leaf.
+	// +optional
+	FairSharing *FairSharing `json:"fairSharing,omitempty"`
 }
 
 // QueueStatus is what the controller observes and decided.
@@ -139,6 +143,11 @@ type QueueStatus struct {
 	// PendingWorkloads counts workloads waiting for admission.
 	// +optional
 	PendingWorkloads int32 `json:"pendingWorkloads,omitempty"`
+	// Usage is the usage history of the queue's subtree: GPU-hours and
+	// GPU memory GiB-hours, allocated and used, cumulative and decayed,
+	// per namespace and GPU model. Only the controller writes it.
+	// +optional
+	Usage *QueueUsage `json:"usage,omitempty"`
 	// Conditions: Valid says whether the queue can take workloads.
 	// +optional
 	// +listType=map
@@ -164,6 +173,10 @@ type QueueStatus struct {
 // +kubebuilder:printcolumn:name="GPUs-Alloc",type=string,JSONPath=`.status.allocated.gpu\.tessera\.dev/gpus`
 // +kubebuilder:printcolumn:name="GPUs-Fair",type=string,JSONPath=`.status.fairShare.gpu\.tessera\.dev/gpus`,priority=1
 // +kubebuilder:printcolumn:name="Mem-Pending",type=string,JSONPath=`.status.pending.gpu\.tessera\.dev/memory`,priority=1
+// +kubebuilder:printcolumn:name="GPUh-Alloc",type=string,JSONPath=`.status.usage.decayed.allocatedGPUHours`,priority=1,description="Decayed allocated GPU-hours"
+// +kubebuilder:printcolumn:name="GPUh-Used",type=string,JSONPath=`.status.usage.decayed.usedGPUHours`,priority=1,description="Decayed used GPU-hours"
+// +kubebuilder:printcolumn:name="GiBh-Alloc",type=string,JSONPath=`.status.usage.decayed.allocatedMemoryGiBHours`,priority=1,description="Decayed allocated GPU memory GiB-hours"
+// +kubebuilder:printcolumn:name="GiBh-Used",type=string,JSONPath=`.status.usage.decayed.usedMemoryGiBHours`,priority=1,description="Decayed used GPU memory GiB-hours"
 // +kubebuilder:printcolumn:name="Admitted",type=integer,JSONPath=`.status.admittedWorkloads`
 // +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pendingWorkloads`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

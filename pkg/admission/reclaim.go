@@ -83,6 +83,10 @@ func (c *cycle) reclaim(w *Workload, fitMsg string) (bool, error) {
 		if a.Priority != b.Priority {
 			return a.Priority < b.Priority
 		}
+		// Time-based fair share: the queue that used more recently gives first.
+		if o := queue.ReclaimOrder(a.leaf, b.leaf); o != 0 {
+			return o < 0
+		}
 		if !a.AdmittedAt.Equal(b.AdmittedAt) {
 			return a.AdmittedAt.After(b.AdmittedAt)
 		}

@@ -671,6 +671,7 @@ func (a *Admitter) updateQueues(ctx context.Context, snap *admission.Snapshot, d
 		}
 		next := st.DeepCopy()
 		next.ObservedGeneration = q.Generation
+		next.Usage = q.Status.Usage // the history keeper's (history.go)
 		next.Conditions = append([]metav1.Condition(nil), q.Status.Conditions...)
 		cond := metav1.Condition{Type: v1alpha1.QueueConditionValid, Status: metav1.ConditionTrue, Reason: "Valid", Message: "queue takes workloads", ObservedGeneration: q.Generation}
 		if why := problems[q.Name]; why != "" {

@@ -43,6 +43,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/history"
 	"github.com/tessera-dev/tessera/pkg/installcheck"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
@@ -157,6 +158,13 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	}
 	if err := b.Complete(admitter); err != nil {
 		return nil, fmt.Errorf("admission controller: %w", err)
+	}
+	if o.UsageHistoryInterval > 0 {
+		keeper := &HistoryKeeper{Client: mgr.GetClient(), Reader: mgr.GetCache(), Every: o.UsageHistoryInterval,
+			Config: history.Config{HalfLife: o.UsageHalfLife, MaxGap: o.UsageMaxGap, Days: o.UsageHistoryDays}}
+		if err := mgr.Add(keeper); err != nil {
+			return nil, fmt.Errorf("usage history: %w", err)
+		}
 	}
 	if whServer != nil {
 		whServer = mgr.GetWebhookServer() // adds it to the manager's runnables

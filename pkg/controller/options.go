@@ -79,6 +79,11 @@ type Options struct {
 	MaxReasonUpdates        int
 	LeaderElectionLease     time.Duration
 	LeaderElectionRenewTime time.Duration
+	// Usage history (status.usage): see HistoryKeeper.
+	UsageHalfLife        time.Duration
+	UsageMaxGap          time.Duration
+	UsageHistoryInterval time.Duration
+	UsageHistoryDays     int
 	// KubernetesVersion picks the scheduler's allocator features; empty
 	// means the API server's version. SchedulerFeatureGates override them.
 	KubernetesVersion     string
@@ -132,6 +137,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.ReplaceStalePins, "replace-stale-pins", true, "Delete a never-bound pod whose pin is stale, so that its owner recreates it and the replacement is queued again (a bare pod is deleted too: its event says to create it again); false only marks it (condition and event, reason StalePin).")
 	fs.DurationVar(&o.CycleInterval, "cycle-interval", 500*time.Millisecond, "Minimum time between admission cycles; changes in between are decided together.")
 	fs.DurationVar(&o.ResyncPeriod, "resync-period", 30*time.Second, "Run an admission cycle at least this often.")
+	fs.DurationVar(&o.UsageHalfLife, "usage-half-life", 24*time.Hour, "Half-life of the decayed usage history in Queue status.usage (time-based fair share divides by it); 0: no decay.")
+	fs.DurationVar(&o.UsageMaxGap, "usage-max-gap", 10*time.Minute, "When the usage history was not updated for longer (controller down, no leader), the last recorded rates are integrated over at most this much of the gap.")
+	fs.DurationVar(&o.UsageHistoryInterval, "usage-history-interval", time.Minute, "How often the leader integrates the queues' usage history into their status; 0: no history.")
+	fs.IntVar(&o.UsageHistoryDays, "usage-history-days", 14, "UTC days of daily usage buckets kept in Queue status.usage.days (kubectl tessera report --since reads them).")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 200, "Client-side limit of queries per second to the API server, per resource type. Admitting a pod costs two pod writes (ungate, condition), so this bounds admission to about half as many pods per second; the API server's priority and fairness protects it beyond that.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "Burst of queries to the API server, per resource type.")
 	fs.IntVar(&o.MaxReasonUpdates, "max-reason-updates-per-cycle", 256, "Waiting pods whose condition and event are updated per cycle (the rest in later cycles), so that explaining a long queue never holds up admissions.")
@@ -202,6 +211,9 @@ func (o *Options) Validate() error {
 	}
 	if _, err := allocation.Override(allocation.SchedulerFeatures, o.SchedulerFeatureGates); err != nil {
 		return fmt.Errorf("--scheduler-feature-gates: %w", err)
+	}
+	if o.UsageHalfLife < 0 || o.UsageMaxGap < 0 || o.UsageHistoryInterval < 0 || o.UsageHistoryDays < 0 || o.UsageHistoryDays > 400 {
+		return fmt.Errorf("--usage-half-life, --usage-max-gap and --usage-history-interval must not be negative; --usage-history-days is 0 to 400")
 	}
 	if o.ApplyWorkers < 1 {
 		return fmt.Errorf("--apply-workers=%d must be at least 1", o.ApplyWorkers)

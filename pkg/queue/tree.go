@@ -36,6 +36,13 @@ type Queue struct {
 	Pending Vector
 	// FairShare is computed by Tree.ComputeFairShare.
 	FairShare Vector
+
+	// UsageFactor turns on time-based fair share among the queue's
+	// children (spec.fairSharing.usageWeighting): 0 is off.
+	UsageFactor float64
+	// DecayedUsage is the subtree's decayed allocated usage per resource
+	// (status.usage.decayed: GiB-hours, GPU-hours).
+	DecayedUsage [NumResources]float64
 }
 
 // IsLeaf says whether the queue can take workloads directly.
@@ -80,6 +87,16 @@ func FromAPI(obj *v1alpha1.Queue) *Queue {
 		if res.OverQuotaWeight != nil {
 			q.Weight[r] = int64(max(0, *res.OverQuotaWeight))
 		}
+	}
+	if fs := obj.Spec.FairSharing; fs != nil && fs.UsageWeighting != nil && fs.UsageWeighting.Enabled {
+		q.UsageFactor = 1
+		if f := fs.UsageWeighting.Factor; f != nil {
+			q.UsageFactor = min(max(f.AsApproximateFloat64(), 0), 100)
+		}
+	}
+	if u := obj.Status.Usage; u != nil {
+		q.DecayedUsage[Memory] = parseDecimal(u.Decayed.AllocatedMemoryGiBHours)
+		q.DecayedUsage[GPUs] = parseDecimal(u.Decayed.AllocatedGPUHours)
 	}
 	q.listed = q.Bounded != [NumResources]bool{}
 	if !q.listed {

@@ -1,0 +1,107 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/history"
+)
+
+// HistoryKeeper updates every queue's usage history (status.usage) every
+// --usage-history-interval, on the leader only: it integrates the rates
+// the previous update recorded up to now (from the status, so that a new
+// leader or a restarted controller continues where the last one stopped,
+// for at most --usage-max-gap of a longer gap) and records the rates it
+// observes now. It writes only status.usage, with a merge patch; the
+// admission loop carries status.usage over when it rewrites the status.
+type HistoryKeeper struct {
+	Client client.Client
+	Reader client.Reader
+	Config history.Config
+	Every  time.Duration
+	Now    func() time.Time
+}
+
+// NeedLeaderElection: only the leader writes history.
+func (h *HistoryKeeper) NeedLeaderElection() bool { return true }
+
+// Start updates until ctx ends.
+func (h *HistoryKeeper) Start(ctx context.Context) error {
+	t := time.NewTicker(h.Every)
+	defer t.Stop()
+	for {
+		if err := h.Update(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Updating queue usage history failed; retrying")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Update runs one update.
+func (h *HistoryKeeper) Update(ctx context.Context) error {
+	now := time.Now
+	if h.Now != nil {
+		now = h.Now
+	}
+	var (
+		queues     v1alpha1.QueueList
+		pods       corev1.PodList
+		claims     resourceapi.ResourceClaimList
+		slices     resourceapi.ResourceSliceList
+		namespaces corev1.NamespaceList
+	)
+	for _, l := range []client.ObjectList{&queues, &claims, &slices} {
+		if err := h.Reader.List(ctx, l); err != nil {
+			return err
+		}
+	}
+	if err := h.Reader.List(ctx, &pods, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+		return err
+	}
+	if err := h.Reader.List(ctx, &namespaces, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+		return err
+	}
+	qs := ptrs(queues.Items)
+	rates := history.Rates(qs, ptrs(pods.Items), ptrs(claims.Items), ptrs(slices.Items), ptrs(namespaces.Items))
+	t := now()
+	for _, q := range qs {
+		hist := history.FromStatus(q.Status.Usage, t)
+		hist.Update(t, rates[q.Name], h.Config)
+		next := hist.ToStatus(h.Config)
+		if q.Status.Usage != nil && apiequality.Semantic.DeepEqual(q.Status.Usage, next) {
+			continue
+		}
+		data, err := json.Marshal(map[string]any{"status": map[string]any{"usage": next}})
+		if err != nil {
+			return err
+		}
+		target := &v1alpha1.Queue{}
+		target.Name = q.Name
+		if err := h.Client.Status().Patch(ctx, target, client.RawPatch(types.MergePatchType, data)); err != nil && !apierrors.IsNotFound(err) {
+			klog.FromContext(ctx).Error(err, "Writing queue usage history failed", "queue", q.Name)
+		}
+	}
+	return nil
+}
+
+func ptrs[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}
