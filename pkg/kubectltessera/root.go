@@ -59,7 +59,7 @@ func NewRootCommand(s Streams) *cobra.Command {
 	root := &cobra.Command{
 		Use:         "kubectl-tessera",
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl tessera"},
-		Short: "Tessera's view of GPU claims and queues",
+		Short:       "Tessera's view of GPU claims and queues",
 		Long: `kubectl tessera: Tessera's view of the cluster's GPU claims and queues.
 
 Install the binary on your PATH as kubectl-tessera and run it as
