@@ -105,6 +105,12 @@ func ConfigFor(claim *resourceapi.ResourceClaim, driver string, result resourcea
 				// set it could also lower it.
 				err = field.Forbidden(field.NewPath("minEnforcement"), "only a DeviceClass's configuration may set the enforcement floor; remove it from the claim (use enforcement to choose a mode)")
 			}
+			if err == nil && c.Source != resourceapi.AllocationConfigSourceClass && cfg.ComputeDefault != "" {
+				// Like the floor: a claim that could choose uncapped
+				// would escape the cap its class sets for shares without
+				// cores.
+				err = field.Forbidden(field.NewPath("computeDefault"), "only a DeviceClass's configuration may set the compute default; remove it from the claim (request capacity.requests.cores to choose a compute limit)")
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s (%s %s): %w", where, v1alpha1.GroupVersion, v1alpha1.GpuConfigKind, err)
 			}
