@@ -165,6 +165,10 @@ func (p *Preparer) newPlan(claim *resourceapi.ResourceClaim, results []resourcea
 		if err != nil {
 			return nil, fmt.Errorf("request %s, device %s: %w", r.Request, r.Device, err)
 		}
+		cores, err := enforce.ComputeCap(d.alloc)
+		if err != nil {
+			return nil, fmt.Errorf("request %s, device %s: %w", r.Request, r.Device, err)
+		}
 		pl.devices = append(pl.devices, d)
 		share := ""
 		if r.ShareID != nil {
@@ -177,7 +181,7 @@ func (p *Preparer) newPlan(claim *resourceapi.ResourceClaim, results []resourcea
 			GPUUUID:           d.gpu.UUID,
 			UUID:              d.alloc.UUID,
 			Memory:            d.alloc.Memory,
-			Cores:             d.alloc.Cores,
+			Cores:             cores, // the compute limit: requested or the class's computeDefault
 			TimeSliceInterval: string(d.interval),
 		})
 	}
@@ -221,6 +225,7 @@ func (p *Preparer) resolve(claim *resourceapi.ResourceClaim, inv *inventory.Inve
 	switch name.Type {
 	case devicemodel.TypeGPU:
 		usable := a.Memory
+		a.Usable = usable
 		if q, ok := r.ConsumedCapacity[devicemodel.CapMemory]; ok {
 			if q.Sign() <= 0 || uint64(q.Value()) > usable {
 				return d, fmt.Errorf("consumed memory %s is outside 1..%d bytes of the device", q.String(), usable)

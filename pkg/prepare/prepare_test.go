@@ -587,7 +587,9 @@ func TestMPSPerClaim(t *testing.T) {
 		t.Errorf("claim a's daemon got %q, want %q", cmds, want)
 	}
 	cmds, _ = os.ReadFile(filepath.Join(pipes["b"], "commands"))
-	if want := "set_default_device_pinned_mem_limit " + uuid + " 2048M\n"; string(cmds) != want {
+	// b asks for no cores: its class's computeDefault (proportional) caps
+	// it at its memory fraction, 2 GiB of the T4's usable memory, rounded up.
+	if want := "set_default_device_pinned_mem_limit " + uuid + " 2048M\nset_default_active_thread_percentage 14\n"; string(cmds) != want {
 		t.Errorf("claim b's daemon got %q, want %q", cmds, want)
 	}
 
