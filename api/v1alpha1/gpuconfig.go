@@ -16,7 +16,7 @@ import (
 const MaxGpuConfigBytes = 10 * 1024
 
 // gpuConfigFields are the fields a GpuConfig may have, for error messages.
-var gpuConfigFields = []string{"apiVersion", "kind", "enforcement", "minEnforcement", "timeSliceInterval", "frameworkCaps"}
+var gpuConfigFields = []string{"apiVersion", "kind", "enforcement", "minEnforcement", "timeSliceInterval", "frameworkCaps", "computeDefault"}
 
 // DecodeGpuConfig decodes opaque parameters strictly: the apiVersion must
 // be tessera.dev/v1alpha1, the kind GpuConfig, and unknown or duplicate
@@ -68,7 +68,7 @@ func describe(v any) string {
 	return string(b)
 }
 
-// Normalize fills defaults (enforcement auto) and sorts and de-duplicates
+// Normalize fills defaults (enforcement auto, computeDefault proportional) and sorts and de-duplicates
 // the framework caps. Apply it to the merged configuration, not to the
 // ones merged, or defaults would override what an earlier one set.
 func (c *GpuConfig) Normalize() {
@@ -76,6 +76,9 @@ func (c *GpuConfig) Normalize() {
 	c.Kind = GpuConfigKind
 	if c.Enforcement == "" {
 		c.Enforcement = EnforcementAuto
+	}
+	if c.ComputeDefault == "" {
+		c.ComputeDefault = ComputeProportional
 	}
 	if c.FrameworkCaps != nil {
 		caps := slices.Clone(c.FrameworkCaps)
@@ -96,6 +99,9 @@ func (c *GpuConfig) Validate() error {
 	}
 	if c.TimeSliceInterval != "" && !slices.Contains(TimeSliceIntervals, c.TimeSliceInterval) {
 		errs = append(errs, field.NotSupported(field.NewPath("timeSliceInterval"), c.TimeSliceInterval, TimeSliceIntervals))
+	}
+	if c.ComputeDefault != "" && !slices.Contains(ComputeDefaults, c.ComputeDefault) {
+		errs = append(errs, field.NotSupported(field.NewPath("computeDefault"), c.ComputeDefault, ComputeDefaults))
 	}
 	for i, fc := range c.FrameworkCaps {
 		if !slices.Contains(FrameworkCaps, fc) {
@@ -128,6 +134,9 @@ func (c *GpuConfig) Merge(override *GpuConfig) *GpuConfig {
 	}
 	if override.FrameworkCaps != nil {
 		out.FrameworkCaps = slices.Clone(override.FrameworkCaps)
+	}
+	if override.ComputeDefault != "" {
+		out.ComputeDefault = override.ComputeDefault
 	}
 	return out
 }

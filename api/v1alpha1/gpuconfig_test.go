@@ -75,6 +75,9 @@ func TestValidateNamesFieldAndValues(t *testing.T) {
 		{GpuConfig{MinEnforcement: EnforcementAuto}, []string{"minEnforcement", `"auto"`, `"none"`, `"mps"`, `"interposer"`}},
 		{GpuConfig{MinEnforcement: "hard"}, []string{"minEnforcement", `"hard"`}},
 		{GpuConfig{MinEnforcement: EnforcementMPS}, nil},
+		{GpuConfig{ComputeDefault: "fair"}, []string{"computeDefault", `"fair"`, `"proportional"`, `"uncapped"`}},
+		{GpuConfig{ComputeDefault: ComputeUncapped}, nil},
+		{GpuConfig{ComputeDefault: ComputeProportional}, nil},
 		{GpuConfig{}, nil},
 		{GpuConfig{Enforcement: EnforcementInterposer, TimeSliceInterval: TimeSliceMedium, FrameworkCaps: FrameworkCaps}, nil},
 	}
@@ -129,6 +132,45 @@ func TestMergeAndNormalize(t *testing.T) {
 	}
 }
 
+func TestComputeDefaultDecodeMergeNormalize(t *testing.T) {
+	tests := []struct {
+		name    string
+		configs []string
+		want    ComputeDefault
+	}{
+		{"unset is proportional", []string{`{}`}, ComputeProportional},
+		{"class uncapped", []string{`{"computeDefault":"uncapped"}`}, ComputeUncapped},
+		{"later config wins", []string{`{"computeDefault":"uncapped"}`, `{"computeDefault":"proportional"}`}, ComputeProportional},
+		{"unset later keeps earlier", []string{`{"computeDefault":"uncapped"}`, `{"enforcement":"mps"}`}, ComputeUncapped},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			merged := &GpuConfig{}
+			for _, c := range tt.configs {
+				raw := `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig",` + strings.TrimPrefix(c, "{")
+				if c == `{}` {
+					raw = `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig"}`
+				}
+				cfg, err := DecodeGpuConfig([]byte(raw))
+				if err != nil {
+					t.Fatalf("decode %s: %v", raw, err)
+				}
+				if err := cfg.Validate(); err != nil {
+					t.Fatalf("validate %s: %v", raw, err)
+				}
+				merged = merged.Merge(cfg)
+			}
+			merged.Normalize()
+			if merged.ComputeDefault != tt.want {
+				t.Errorf("computeDefault = %q, want %q", merged.ComputeDefault, tt.want)
+			}
+		})
+	}
+	if _, err := DecodeGpuConfig([]byte(`{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","computeDefualt":"uncapped"}`)); err == nil || !strings.Contains(err.Error(), "computeDefault") {
+		t.Errorf("misspelt field: error %v should list computeDefault among the known fields", err)
+	}
+}
+
 func TestTimeSliceIntervalValue(t *testing.T) {
 	for i, v := range TimeSliceIntervals {
 		if v.Value() != i {
@@ -148,6 +190,7 @@ func FuzzDecodeConfig(f *testing.F) {
 	f.Add([]byte(`{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","frameworkCaps":[]}`))
 	f.Add([]byte(`{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","enforcement":"magic"}`))
 	f.Add([]byte(`{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","x":1}`))
+	f.Add([]byte(`{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","computeDefault":"uncapped"}`))
 	f.Add([]byte(`null`))
 	f.Add([]byte(`{"apiVersion":1,"kind":{}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {

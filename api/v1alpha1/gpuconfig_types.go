@@ -111,6 +111,27 @@ const (
 // FrameworkCaps lists the valid framework caps.
 var FrameworkCaps = []FrameworkCap{FrameworkCapPyTorch, FrameworkCapXLA}
 
+// ComputeDefault says what compute (SM) limit a GPU share gets when its
+// request does not ask for the `cores` capacity.
+type ComputeDefault string
+
+// Compute defaults.
+const (
+	// ComputeProportional caps a share that does not ask for cores at its
+	// memory fraction of the GPU's usable memory, rounded up to a whole
+	// percent (at least 1). It is the default. The scheduler books such a
+	// share under `memory` only (its `cores` consumption is the published
+	// default, 0); see docs/enforcement.md for what that means for packing.
+	ComputeProportional ComputeDefault = "proportional"
+	// ComputeUncapped leaves a share that does not ask for cores without
+	// an SM limit: it may use the whole GPU's compute next to capped
+	// neighbours (the behaviour before computeDefault existed).
+	ComputeUncapped ComputeDefault = "uncapped"
+)
+
+// ComputeDefaults lists the valid compute defaults.
+var ComputeDefaults = []ComputeDefault{ComputeProportional, ComputeUncapped}
+
 // GpuConfig configures how devices of driver gpu.tessera.dev are prepared.
 // Configurations apply in this order, later ones overriding the fields
 // earlier ones set: DeviceClass config, then claim config for all
@@ -148,4 +169,15 @@ type GpuConfig struct {
 	// configuration asked for; unset inherits them.
 	// +optional
 	FrameworkCaps []FrameworkCap `json:"frameworkCaps,omitempty"`
+
+	// ComputeDefault is the administrator's choice of the SM limit of a
+	// GPU share whose request does not ask for `cores`: proportional
+	// (default; its memory fraction of the GPU's usable memory, rounded up
+	// to a whole percent) or uncapped. Honoured only in a DeviceClass's
+	// configuration; a claim whose own configuration sets it fails to
+	// prepare. Applies to shares of whole GPUs, not to time slices, MIG
+	// devices or exclusive GPUs. Several class configurations: the last
+	// one that sets it wins.
+	// +optional
+	ComputeDefault ComputeDefault `json:"computeDefault,omitempty"`
 }

@@ -13,10 +13,12 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/deployments"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/discover"
+	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/publish"
@@ -422,4 +424,122 @@ func repeat(s string, n int) []string {
 
 func nvmlPlacement(start, size int) []nvml.GpuInstancePlacement {
 	return []nvml.GpuInstancePlacement{{Start: uint32(start), Size: uint32(size)}}
+}
+
+// TestComputeDefaultBooks checks what the scheduler's `cores` books hold for
+// shares that do not ask for cores, against the upstream allocator. The
+// capacity's requestPolicy default is a fixed 0 (a fixed default cannot be
+// proportional to memory), so such a share consumes no cores; under the
+// class's computeDefault proportional the plugin caps it at its memory
+// fraction (enforce.ComputeCap), which the `memory` books bound instead:
+// shares that all leave cores out are capped at most 100 % together, plus
+// at most one point of rounding per share. Shares that ask for cores are
+// booked in `cores` only, so mixing them with proportional shares on one
+// GPU can promise more than 100 % (docs/enforcement.md, "Compute default").
+func TestComputeDefaultBooks(t *testing.T) {
+	class := "gpu.tessera.dev"
+	usable := func(c *cluster) uint64 {
+		for _, s := range buildSlices(t, nodeOpts{profile: "t4"}) {
+			for _, d := range s.Spec.Devices {
+				if d.Name == "gpu-0" {
+					q := d.Capacity["memory"].Value
+					return uint64(q.Value())
+				}
+			}
+		}
+		t.Fatal("no gpu-0")
+		return 0
+	}
+	// caps returns the compute limit the plugin enforces for every placed
+	// claim and checks that the books hold exactly the requested cores.
+	caps := func(t *testing.T, c *cluster, computeDefault v1alpha1.ComputeDefault) (sum int, booked int64) {
+		cfg := &v1alpha1.GpuConfig{ComputeDefault: computeDefault}
+		cfg.Normalize()
+		u := usable(c)
+		for _, r := range c.results {
+			res := r.Devices.Results[0]
+			mem := res.ConsumedCapacity["memory"]
+			cores := res.ConsumedCapacity["cores"]
+			booked += cores.Value()
+			cp, err := enforce.ComputeCap(enforce.Allocation{Device: res.Device, Type: devicemodel.TypeGPU, Memory: uint64(mem.Value()), Cores: int(cores.Value()), Usable: u, Whole: uint64(mem.Value()) >= u, Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cp == 0 {
+				cp = 100
+			}
+			sum += cp
+		}
+		return sum, booked
+	}
+	tests := []struct {
+		name           string
+		computeDefault v1alpha1.ComputeDefault
+		shares         []req
+		notFit         *req
+		wantSum        int   // sum of the enforced compute limits
+		wantBooked     int64 // sum of consumed cores
+	}{
+		{
+			name:           "four quarter shares without cores are capped at 25 each, book no cores",
+			computeDefault: v1alpha1.ComputeProportional,
+			shares:         repeatReq(req{class: class, memory: "3776Mi"}, 4),
+			notFit:         &req{class: class, memory: "3776Mi"},
+			wantSum:        100, wantBooked: 0,
+		},
+		{
+			name:           "uneven shares without cores: memory books bound the caps, rounding adds at most one point each",
+			computeDefault: v1alpha1.ComputeProportional,
+			shares:         []req{{class: class, memory: "1Gi"}, {class: class, memory: "5000Mi"}, {class: class, memory: "9056Mi"}},
+			notFit:         &req{class: class, memory: "256Mi"},
+			wantSum:        101, wantBooked: 0, // 7 + 34 + 60 for exactly 100 % of the memory
+		},
+		{
+			name:           "uncapped shares without cores each may use the whole GPU",
+			computeDefault: v1alpha1.ComputeUncapped,
+			shares:         repeatReq(req{class: class, memory: "3776Mi"}, 2),
+			wantSum:        200, wantBooked: 0,
+		},
+		{
+			name:           "requested cores are booked and enforced alike",
+			computeDefault: v1alpha1.ComputeProportional,
+			shares:         []req{{class: class, memory: "1Gi", cores: "60"}, {class: class, memory: "1Gi", cores: "40"}},
+			notFit:         &req{class: class, memory: "1Gi", cores: "1"},
+			wantSum:        100, wantBooked: 100,
+		},
+		{
+			// The documented limit of a fixed default: the proportional
+			// share's 50 % is not in the cores books, so a share asking
+			// for 100 still fits next to it.
+			name:           "mixing: a proportional share is not in the cores books",
+			computeDefault: v1alpha1.ComputeProportional,
+			shares:         []req{{class: class, memory: "7552Mi"}, {class: class, memory: "1Gi", cores: "100"}},
+			wantSum:        150, wantBooked: 100,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, nodeOpts{profile: "t4"})
+			for _, r := range tt.shares {
+				if dev := c.mustPlace(r); dev != "gpu-0" {
+					t.Fatalf("%+v landed on %s", r, dev)
+				}
+			}
+			if tt.notFit != nil {
+				c.mustNotPlace(*tt.notFit)
+			}
+			sum, booked := caps(t, c, tt.computeDefault)
+			if sum != tt.wantSum || booked != tt.wantBooked {
+				t.Errorf("enforced compute limits sum to %d with %d cores booked, want %d and %d", sum, booked, tt.wantSum, tt.wantBooked)
+			}
+		})
+	}
+}
+
+func repeatReq(r req, n int) []req {
+	out := make([]req, n)
+	for i := range out {
+		out[i] = r
+	}
+	return out
 }

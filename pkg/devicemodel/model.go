@@ -187,6 +187,10 @@ func fullGPUDevices(inv *inventory.Inventory, gpu inventory.GPU, cfg Config) (gp
 					},
 				},
 			},
+			// A request without cores consumes the fixed default 0: the
+			// allocator cannot make it proportional to memory. The plugin
+			// caps such a share by its class's computeDefault at prepare
+			// (enforce.ComputeCap); docs/enforcement.md, "Compute default".
 			CapCores: {
 				Value: resource.MustParse("100"),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{

@@ -163,8 +163,14 @@ type Allocation struct {
 	// Memory is the allocated memory in bytes: consumedCapacity.memory of a
 	// share, the partition's memory for a time slice or MIG device.
 	Memory uint64
-	// Cores is the allocated compute percent; 0 means no cap.
+	// Cores is the allocated compute percent (consumedCapacity.cores);
+	// 0 means the request did not ask for cores: ComputeCap then applies
+	// the class's computeDefault.
 	Cores int
+	// Usable is the usable memory of the GPU a share is carved from (the
+	// published `memory` capacity), the base of a proportional compute
+	// limit; set for devicemodel.TypeGPU.
+	Usable uint64
 	// Whole is set when the allocation leaves nothing of the GPU to others.
 	Whole bool
 	// ReportedTotal is the memory CUDA reports for the device without an
@@ -220,10 +226,45 @@ type Result struct {
 	PreloadContent []byte
 }
 
+// ComputeCap is the compute (SM) limit in percent that an allocation is
+// held to, 0 for none. A share of a whole GPU that asked for cores gets
+// what it asked for; one that did not gets its class's computeDefault:
+// proportional (unset counts as proportional) is its memory fraction of
+// the GPU's usable memory rounded up to a whole percent, at least 1;
+// uncapped is 0. Time slices, MIG devices and exclusive GPUs are not
+// capped by this (0 unless cores were allocated).
+func ComputeCap(a Allocation) (int, error) {
+	if a.Cores != 0 || a.Type != devicemodel.TypeGPU || a.Whole {
+		return a.Cores, nil
+	}
+	if a.Config != nil && a.Config.ComputeDefault == v1alpha1.ComputeUncapped {
+		return 0, nil
+	}
+	if a.Usable == 0 {
+		return 0, fmt.Errorf("device %s: the GPU's usable memory is unknown, so the proportional compute limit (computeDefault) cannot be computed", a.Device)
+	}
+	if a.Memory == 0 {
+		return 0, fmt.Errorf("device %s: a share without memory cannot get a proportional compute limit", a.Device)
+	}
+	// Rounded up: a share never gets less compute than its memory
+	// fraction. Memory <= Usable for a share (or Whole is set).
+	pct := (min(a.Memory, a.Usable)*100 + a.Usable - 1) / a.Usable
+	return int(max(1, min(pct, 100))), nil
+}
+
 // Plan computes the environment and mounts for a claim. accountingHostDir
 // is where the claim's fresh accounting directory lives on the host.
 func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string) (*Result, error) {
-	visible, err := merge(allocs)
+	capped := make([]Allocation, len(allocs))
+	for i, a := range allocs {
+		c, err := ComputeCap(a)
+		if err != nil {
+			return nil, err
+		}
+		a.Cores = c
+		capped[i] = a
+	}
+	visible, err := merge(capped)
 	if err != nil {
 		return nil, err
 	}

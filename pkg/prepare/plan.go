@@ -105,6 +105,12 @@ func ConfigFor(claim *resourceapi.ResourceClaim, driver string, result resourcea
 				// set it could also lower it.
 				err = field.Forbidden(field.NewPath("minEnforcement"), "only a DeviceClass's configuration may set the enforcement floor; remove it from the claim (use enforcement to choose a mode)")
 			}
+			if err == nil && c.Source != resourceapi.AllocationConfigSourceClass && cfg.ComputeDefault != "" {
+				// Like the floor: a claim that could choose uncapped
+				// would escape the cap its class sets for shares without
+				// cores.
+				err = field.Forbidden(field.NewPath("computeDefault"), "only a DeviceClass's configuration may set the compute default; remove it from the claim (request capacity.requests.cores to choose a compute limit)")
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s (%s %s): %w", where, v1alpha1.GroupVersion, v1alpha1.GpuConfigKind, err)
 			}
@@ -159,6 +165,10 @@ func (p *Preparer) newPlan(claim *resourceapi.ResourceClaim, results []resourcea
 		if err != nil {
 			return nil, fmt.Errorf("request %s, device %s: %w", r.Request, r.Device, err)
 		}
+		cores, err := enforce.ComputeCap(d.alloc)
+		if err != nil {
+			return nil, fmt.Errorf("request %s, device %s: %w", r.Request, r.Device, err)
+		}
 		pl.devices = append(pl.devices, d)
 		share := ""
 		if r.ShareID != nil {
@@ -171,7 +181,7 @@ func (p *Preparer) newPlan(claim *resourceapi.ResourceClaim, results []resourcea
 			GPUUUID:           d.gpu.UUID,
 			UUID:              d.alloc.UUID,
 			Memory:            d.alloc.Memory,
-			Cores:             d.alloc.Cores,
+			Cores:             cores, // the compute limit: requested or the class's computeDefault
 			TimeSliceInterval: string(d.interval),
 		})
 	}
@@ -215,6 +225,7 @@ func (p *Preparer) resolve(claim *resourceapi.ResourceClaim, inv *inventory.Inve
 	switch name.Type {
 	case devicemodel.TypeGPU:
 		usable := a.Memory
+		a.Usable = usable
 		if q, ok := r.ConsumedCapacity[devicemodel.CapMemory]; ok {
 			if q.Sign() <= 0 || uint64(q.Value()) > usable {
 				return d, fmt.Errorf("consumed memory %s is outside 1..%d bytes of the device", q.String(), usable)

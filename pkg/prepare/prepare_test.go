@@ -587,7 +587,9 @@ func TestMPSPerClaim(t *testing.T) {
 		t.Errorf("claim a's daemon got %q, want %q", cmds, want)
 	}
 	cmds, _ = os.ReadFile(filepath.Join(pipes["b"], "commands"))
-	if want := "set_default_device_pinned_mem_limit " + uuid + " 2048M\n"; string(cmds) != want {
+	// b asks for no cores: its class's computeDefault (proportional) caps
+	// it at its memory fraction, 2 GiB of the T4's usable memory, rounded up.
+	if want := "set_default_device_pinned_mem_limit " + uuid + " 2048M\nset_default_active_thread_percentage 14\n"; string(cmds) != want {
 		t.Errorf("claim b's daemon got %q, want %q", cmds, want)
 	}
 
@@ -614,4 +616,81 @@ func TestMPSPerClaim(t *testing.T) {
 	}
 	e.unprepare(b)
 	e.assertClean()
+}
+
+// TestComputeDefault: a share that asks for no cores is capped by its
+// class's computeDefault (proportional unless the class says uncapped);
+// the spec's SM limit, the recorded compute limit and the claim status
+// agree; a claim that sets computeDefault itself fails to prepare.
+func TestComputeDefault(t *testing.T) {
+	lib := filepath.Join(t.TempDir(), "libvgpu.so")
+	tests := []struct {
+		name    string
+		claim   *resourceapi.ResourceClaim
+		wantSM  string // CUDA_DEVICE_SM_LIMIT_0
+		wantErr []string
+	}{
+		{
+			// 1 GiB of the T4's 15104 MiB usable memory is 6.8 %.
+			name:   "default is proportional",
+			claim:  claim("c", share("gpu", "gpu-0", "s-1", gib, 0)),
+			wantSM: "7",
+		},
+		{
+			name:   "class proportional, cores requested",
+			claim:  withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 40)), resourceapi.AllocationConfigSourceClass, nil, `"computeDefault":"proportional"`),
+			wantSM: "40",
+		},
+		{
+			name:   "class uncapped",
+			claim:  withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClass, nil, `"computeDefault":"uncapped"`),
+			wantSM: "100",
+		},
+		{
+			name:    "claim sets the compute default",
+			claim:   withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClaim, nil, `"computeDefault":"uncapped"`),
+			wantErr: []string{"claim configuration", "computeDefault", "only a DeviceClass's configuration may set"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, withInterposer(lib))
+			if tt.wantErr != nil {
+				_, err := e.p.Prepare(e.ctx, tt.claim)
+				if err == nil {
+					t.Fatalf("prepared; want an error with %q", tt.wantErr)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q lacks %q", err, w)
+					}
+				}
+				e.assertClean()
+				return
+			}
+			ids := e.prepare(tt.claim)
+			env, _ := e.inject(ids...)
+			if env["CUDA_DEVICE_SM_LIMIT_0"] != tt.wantSM || env["TESSERA_COMPUTE_LIMIT"] != tt.wantSM {
+				t.Errorf("SM limit %q, TESSERA_COMPUTE_LIMIT %q; want %s", env["CUDA_DEVICE_SM_LIMIT_0"], env["TESSERA_COMPUTE_LIMIT"], tt.wantSM)
+			}
+			seen := 0
+			for _, rec := range e.p.Claims() {
+				for _, st := range StatusDevices("gpu.tessera.dev", rec, nil) {
+					seen++
+					var data StatusData
+					if err := json.Unmarshal(st.Data.Raw, &data); err != nil {
+						t.Fatal(err)
+					}
+					if strconv.Itoa(data.ComputeLimit) != tt.wantSM {
+						t.Errorf("status computeLimit %d, want %s", data.ComputeLimit, tt.wantSM)
+					}
+				}
+			}
+			if seen != 1 {
+				t.Errorf("%d status entries, want 1", seen)
+			}
+			e.unprepare(tt.claim)
+			e.assertClean()
+		})
+	}
 }

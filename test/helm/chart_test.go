@@ -774,6 +774,7 @@ type gpuConfig struct {
 	MinEnforcement    string   `json:"minEnforcement,omitempty"`
 	TimeSliceInterval string   `json:"timeSliceInterval,omitempty"`
 	FrameworkCaps     []string `json:"frameworkCaps,omitempty"`
+	ComputeDefault    string   `json:"computeDefault,omitempty"`
 }
 
 // TestDeviceClasses checks that the chart's classes are the shipped
@@ -820,7 +821,7 @@ func TestDeviceClasses(t *testing.T) {
 					t.Fatalf("%s: GpuConfig does not decode: %v", want.Name, err)
 				}
 				if cfg.APIVersion != "tessera.dev/v1alpha1" || cfg.Kind != "GpuConfig" || cfg.Enforcement != "interposer" || cfg.MinEnforcement != "interposer" ||
-					cfg.TimeSliceInterval != "Short" || strings.Join(cfg.FrameworkCaps, ",") != "pytorch" {
+					cfg.TimeSliceInterval != "Short" || strings.Join(cfg.FrameworkCaps, ",") != "pytorch" || cfg.ComputeDefault != "uncapped" {
 					t.Errorf("%s: GpuConfig = %+v", want.Name, cfg)
 				}
 			}

@@ -100,7 +100,7 @@ service:
 {{/* Class-level GpuConfig, or nothing. */}}
 {{- define "tessera.deviceClassConfig" -}}
 {{- $d := .Values.deviceClasses.defaults -}}
-{{- if or $d.enforcement $d.minEnforcement $d.timeSliceInterval $d.frameworkCaps }}
+{{- if or $d.enforcement $d.minEnforcement $d.timeSliceInterval $d.frameworkCaps $d.computeDefault }}
 config:
 - opaque:
     driver: {{ include "tessera.driverName" . }}
@@ -118,6 +118,9 @@ config:
       {{- end }}
       {{- with $d.frameworkCaps }}
       frameworkCaps: {{ toJson . }}
+      {{- end }}
+      {{- with $d.computeDefault }}
+      computeDefault: {{ . }}
       {{- end }}
 {{- end }}
 {{- end -}}
