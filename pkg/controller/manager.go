@@ -83,7 +83,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		whServer ctrlwebhook.Server
 		target   *webhook.Target
 	)
-	if o.WebhookPort > 0 {
+	if o.WebhookPort > 0 && !o.Shadow {
 		whServer, target, err = webhookServer(ctx, direct, o)
 		if err != nil {
 			return nil, err
@@ -147,6 +147,11 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		Engine:   admission.NewEngine(cfgEngine),
 		Metrics:  NewMetrics(registry(o)),
 		Opts:     o,
+	}
+	if o.Shadow {
+		if err := shadowAdmitter(admitter, direct, o); err != nil {
+			return nil, err
+		}
 	}
 	b := ctrl.NewControllerManagedBy(mgr).Named("admission").
 		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: ptr.To(true)})
