@@ -214,21 +214,7 @@ func (c *Comparison) Print(w io.Writer, all bool) {
 	}
 	if all {
 		fmt.Fprintln(w, "\nAll outcomes after the change:")
-		keys := make([]string, 0, len(c.After.Outcomes))
-		for k := range c.After.Outcomes {
-			keys = append(keys, k)
-		}
-		sort.Slice(keys, func(i, j int) bool {
-			a, b := c.After.Outcomes[keys[i]], c.After.Outcomes[keys[j]]
-			if a.Queue != b.Queue {
-				return a.Queue < b.Queue
-			}
-			return keys[i] < keys[j]
-		})
-		for _, k := range keys {
-			o := c.After.Outcomes[k]
-			fmt.Fprintf(w, "  %-16s %-40s %s\n", orNone(o.Queue), k, short(&o))
-		}
+		c.After.Print(w)
 	}
 }
 
@@ -265,5 +251,28 @@ func short(o *Outcome) string {
 		return "reclaimed (" + o.Reason + ")"
 	default:
 		return "waits (" + o.Reason + ")"
+	}
+}
+
+// Print writes every outcome, by queue then workload.
+func (r *Result) Print(w io.Writer) {
+	keys := make([]string, 0, len(r.Outcomes))
+	for k := range r.Outcomes {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := r.Outcomes[keys[i]], r.Outcomes[keys[j]]
+		if a.Queue != b.Queue {
+			return a.Queue < b.Queue
+		}
+		return keys[i] < keys[j]
+	})
+	fmt.Fprintf(w, "%-16s %-40s %s\n", "QUEUE", "WORKLOAD", "OUTCOME")
+	for _, k := range keys {
+		o := r.Outcomes[k]
+		fmt.Fprintf(w, "%-16s %-40s %s\n", orNone(o.Queue), k, short(&o))
+		if o.What != Start && o.Message != "" {
+			fmt.Fprintf(w, "%-16s %-40s   %s\n", "", "", o.Message)
+		}
 	}
 }
