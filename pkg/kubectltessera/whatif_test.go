@@ -12,6 +12,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"k8s.io/client-go/kubernetes/fake"
+
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/whatif"
@@ -71,5 +73,36 @@ func TestWhatIfFromSnapshot(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestShadowReportLookup(t *testing.T) {
+	ctx := t.Context()
+	var rep whatif.ShadowReport
+	rep.Add(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), []whatif.Difference{{Kind: whatif.WouldAdmit, Queue: "team-a", Workload: "ns/b", Shadow: "admit", Active: "holds it: QueueLimit"}})
+	data, err := rep.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "tessera", Name: "r", Labels: map[string]string{"app.kubernetes.io/component": "shadow-report"}},
+		Data: map[string]string{whatif.ShadowReportKey: data}}
+	c := fake.NewClientset(cm)
+	got, err := shadowReport(ctx, c, "tessera", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := whatif.ParseShadowReport(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	r.Print(&out, 0)
+	for _, w := range []string{"would-admit", "ns/b", "+ shadow: admit", "- active: holds it: QueueLimit"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("output lacks %q:\n%s", w, out.String())
+		}
+	}
+	if _, err := shadowReport(ctx, c, "other", ""); err == nil || !strings.Contains(err.Error(), "no shadow report") {
+		t.Errorf("no report: %v", err)
 	}
 }
