@@ -5,6 +5,7 @@
 //	go run ./hack/sim --trace showdown --nodes 1xt4
 //	go run ./hack/sim --trace mixed --jobs 1000 --nodes '12xdgxh100;12xdgxa100;40xt4:4'
 //	go run ./hack/sim --trace bench/mixed-1000.csv --nodes ... --queues 'training=1Ti:2Ti;inference=:'
+//	go run ./hack/sim --snapshot state.yaml   # a saved `kubectl tessera snapshot`
 package main
 
 import (
@@ -14,7 +15,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/sim"
+	"github.com/tessera-dev/tessera/pkg/whatif"
 )
 
 func main() {
@@ -25,7 +28,12 @@ func main() {
 	kind := flag.String("kind", "", "replay only the jobs of this kind (e.g. inference)")
 	queues := flag.String("queues", "", "put jobs behind the controller's queues: <kind>=<quota>:<limit> of GPU memory, separated by ';' (other kinds go to queue default)")
 	writeTrace := flag.String("write-trace", "", "write the trace as CSV to this file and exit")
+	snapshot := flag.String("snapshot", "", "replay a saved `kubectl tessera snapshot`: one admission cycle of the controller's engine on it, every workload's outcome per queue (the other flags are ignored)")
 	flag.Parse()
+	if *snapshot != "" {
+		fail(replaySnapshot(*snapshot))
+		return
+	}
 
 	var js []sim.Job
 	switch *trace {
@@ -70,6 +78,27 @@ func main() {
 	}
 	fmt.Printf("Trace %s (%d jobs) on %s, simulated in %s:\n\n", *trace, len(js), *nodes, time.Since(start).Round(time.Millisecond))
 	sim.WriteMarkdown(os.Stdout, results)
+}
+
+// replaySnapshot decides one admission cycle on a saved state.
+func replaySnapshot(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := whatif.Load(f)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	start := time.Now()
+	r, err := whatif.Decide(context.Background(), st, admission.DefaultConfig())
+	if err != nil {
+		return err
+	}
+	fmt.Printf("Snapshot %s (%d queues, %d queued pods, %d nodes), one admission cycle in %s:\n\n", path, len(st.Queues), len(st.Pods), len(st.Nodes), time.Since(start).Round(time.Millisecond))
+	r.Print(os.Stdout)
+	return nil
 }
 
 func fail(err error) {

@@ -39,6 +39,9 @@ type Admitter struct {
 	Engine   *admission.Engine
 	Metrics  *Metrics
 	Opts     Options
+	// Shadow, when set, makes this a shadow controller (shadow.go): cycles
+	// decide and compare; nothing is applied.
+	Shadow *Shadow
 
 	mu   sync.Mutex
 	last time.Time
@@ -111,10 +114,15 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 		a.Trigger(TriggerRetry)
 		return reconcile.Result{}, fmt.Errorf("listing pods: %w", err)
 	}
-	staleNext, err := a.recoverStalePins(ctx, &pods)
-	if err != nil {
-		a.Trigger(TriggerRetry)
-		return reconcile.Result{}, err
+	var (
+		staleNext time.Time
+		err       error
+	)
+	if a.Shadow == nil { // a shadow replaces no pods
+		if staleNext, err = a.recoverStalePins(ctx, &pods); err != nil {
+			a.Trigger(TriggerRetry)
+			return reconcile.Result{}, err
+		}
 	}
 	gated := false
 	for i := range pods.Items {
@@ -170,6 +178,9 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 	if err != nil {
 		a.Trigger(TriggerRetry)
 		return reconcile.Result{}, err
+	}
+	if a.Shadow != nil {
+		return a.shadowCycle(ctx, snap, trigger)
 	}
 	if a.finishDecisions(ctx, snap) {
 		// Decide on what the completions and rollbacks left.
@@ -710,4 +721,24 @@ func statusEqual(a, b *v1alpha1.QueueStatus) bool {
 		}
 	}
 	return apiequality.Semantic.DeepEqual(a.Conditions, b.Conditions)
+}
+
+// shadowCycle decides with the shadow's queues and compares; it applies
+// nothing (see Shadow).
+func (a *Admitter) shadowCycle(ctx context.Context, snap *admission.Snapshot, trigger string) (reconcile.Result, error) {
+	snap.Queues = a.Shadow.queues(snap.Queues)
+	d, err := a.Engine.Decide(ctx, snap)
+	if err != nil {
+		a.Trigger(TriggerRetry)
+		return reconcile.Result{}, fmt.Errorf("shadow admission cycle: %w", err)
+	}
+	a.mu.Lock()
+	a.last = time.Now()
+	a.accounting = false
+	a.mu.Unlock()
+	a.Metrics.cycle(trigger)
+	diffs := a.Shadow.Cycle(ctx, a.Engine, snap, d)
+	klog.FromContext(ctx).V(2).Info("Shadow admission cycle", "trigger", trigger, "workloads", d.Stats.Workloads, "wouldAdmit", d.Stats.Admitted,
+		"waiting", d.Stats.Waiting, "wouldEvict", d.Stats.Evicted, "differences", len(diffs), "decide", d.Stats.Duration)
+	return reconcile.Result{RequeueAfter: a.Opts.ResyncPeriod}, nil
 }

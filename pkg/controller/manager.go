@@ -84,7 +84,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		whServer ctrlwebhook.Server
 		target   *webhook.Target
 	)
-	if o.WebhookPort > 0 {
+	if o.WebhookPort > 0 && !o.Shadow {
 		whServer, target, err = webhookServer(ctx, direct, o)
 		if err != nil {
 			return nil, err
@@ -149,6 +149,11 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		Metrics:  NewMetrics(registry(o)),
 		Opts:     o,
 	}
+	if o.Shadow {
+		if err := shadowAdmitter(admitter, direct, o); err != nil {
+			return nil, err
+		}
+	}
 	b := ctrl.NewControllerManagedBy(mgr).Named("admission").
 		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: ptr.To(true)})
 	for _, obj := range watched {
@@ -159,7 +164,9 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if err := b.Complete(admitter); err != nil {
 		return nil, fmt.Errorf("admission controller: %w", err)
 	}
-	if o.UsageHistoryInterval > 0 {
+	// A shadow writes nothing but its report: the active controller keeps
+	// the history.
+	if o.UsageHistoryInterval > 0 && !o.Shadow {
 		keeper := &HistoryKeeper{Client: mgr.GetClient(), Reader: mgr.GetCache(), Every: o.UsageHistoryInterval,
 			Config: history.Config{HalfLife: o.UsageHalfLife, MaxGap: o.UsageMaxGap, Days: o.UsageHistoryDays}}
 		if err := mgr.Add(keeper); err != nil {

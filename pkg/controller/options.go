@@ -96,6 +96,13 @@ type Options struct {
 	CheckInstall              bool
 	CheckInstallQueue         string
 	CheckInstallDeviceClasses []string
+	// Shadow runs the controller in shadow mode (shadow.go): it decides
+	// and compares, and writes nothing but its report, the ConfigMap
+	// ShadowReport in Namespace. ShadowQueues is a file of Queues that
+	// replace the cluster's of the same name in its decisions.
+	Shadow       bool
+	ShadowReport string
+	ShadowQueues string
 }
 
 // DefaultNamespace is where the controller keeps its Secret and lease:
@@ -147,6 +154,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.KubernetesVersion, "kubernetes-version", "", "Kubernetes version whose kube-scheduler defaults the admission simulation uses (e.g. v1.35.2); empty asks the API server.")
 	fs.StringVar(&o.SchedulerFeatureGates, "scheduler-feature-gates", "", "DRA feature gates your kube-scheduler sets differently from its version's defaults, in its --feature-gates syntax, e.g. DRAConsumableCapacity=true,DRAPartitionableDevices=true on 1.35.")
 	fs.IntVar(&o.ApplyWorkers, "apply-workers", 16, "Parallel API calls when applying a cycle's decisions (ungating a gang's members, pod conditions).")
+	fs.BoolVar(&o.Shadow, "shadow", false, "Shadow mode: watch and decide every cycle with this controller's flags (and --shadow-queues), write nothing to pods, claims or queues (no ungating, evictions, conditions, events, queue status; no webhooks), and report where the decisions differ from the active controller's in the ConfigMap --shadow-report and metrics tessera_shadow_*. Its lease defaults to "+DefaultShadowLease+".")
+	fs.StringVar(&o.ShadowReport, "shadow-report", "tessera-shadow-report", "ConfigMap (in --namespace) the shadow keeps its report in: the only object it writes (kubectl tessera shadow reads it).")
+	fs.StringVar(&o.ShadowQueues, "shadow-queues", "", "With --shadow: a YAML file of Queues that replace the cluster's queues of the same name (or are added) in the shadow's decisions.")
 	fs.BoolVar(&o.CheckInstall, "check-install", false, "Check the installation and exit (the Helm chart's `helm test`): DeviceClasses, ResourceSlices, the Queue API and, with --check-install-queue, that the pod webhook gates a queued pod (a dry run in --namespace).")
 	fs.StringVar(&o.CheckInstallQueue, "check-install-queue", "", "Queue the --check-install dry-run pod names; empty skips the webhook check.")
 	fs.StringSliceVar(&o.CheckInstallDeviceClasses, "check-install-device-classes", []string{"gpu.tessera.dev", "mig.tessera.dev", "timeslice.tessera.dev"}, "DeviceClasses --check-install expects.")
@@ -163,6 +173,13 @@ func (o *Options) Complete(changed func(flag string) bool) {
 			o.WebhookConfig = WebhookNone
 		default:
 			o.WebhookConfig = WebhookURL
+		}
+	}
+	if o.Shadow {
+		// No webhooks of its own, and never the active controller's lease.
+		o.WebhookPort = 0
+		if !changed("leader-election-id") {
+			o.LeaderElectionID = DefaultShadowLease
 		}
 	}
 	if !changed("webhook-host") && o.WebhookConfig != WebhookURL {
@@ -214,6 +231,19 @@ func (o *Options) Validate() error {
 	}
 	if o.UsageHalfLife < 0 || o.UsageMaxGap < 0 || o.UsageHistoryInterval < 0 || o.UsageHistoryDays < 0 || o.UsageHistoryDays > 400 {
 		return fmt.Errorf("--usage-half-life, --usage-max-gap and --usage-history-interval must not be negative; --usage-history-days is 0 to 400")
+	}
+	if o.Shadow {
+		if o.WebhookPort != 0 {
+			return fmt.Errorf("--shadow serves no webhooks: leave --webhook-port unset or 0")
+		}
+		if o.LeaderElectionID == "tessera-controller.tessera.dev" {
+			return fmt.Errorf("--shadow must not take the active controller's lease: use another --leader-election-id (default %s)", DefaultShadowLease)
+		}
+		if o.ShadowReport == "" {
+			return fmt.Errorf("--shadow needs --shadow-report")
+		}
+	} else if o.ShadowQueues != "" {
+		return fmt.Errorf("--shadow-queues needs --shadow")
 	}
 	if o.ApplyWorkers < 1 {
 		return fmt.Errorf("--apply-workers=%d must be at least 1", o.ApplyWorkers)

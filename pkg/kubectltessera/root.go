@@ -82,6 +82,9 @@ Install the binary on your PATH as kubectl-tessera and run it as
 	pf.StringVarP(&o.Namespace, "namespace", "n", "", "Namespace (default: the context's).")
 	root.AddCommand(newTopCommand(o, s))
 	root.AddCommand(newReportCommand(o, s))
+	root.AddCommand(newWhatIfCommand(o, s))
+	root.AddCommand(newSnapshotCommand(o, s))
+	root.AddCommand(newShadowCommand(o, s))
 	// An unknown command names itself (cobra's own message lists
 	// suggestions); so does an unknown flag.
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
