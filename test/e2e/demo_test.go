@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -18,6 +19,9 @@ import (
 // TestDemoShowdown: inference 2000Mi x 2, training 8000Mi, preprocessing
 // 3000Mi all share the node's one T4 (gpu-0); each container's limits equal
 // its share.
+// t4UsableMiB is a mock T4's memory less the plugin's default reserve.
+const t4UsableMiB = 15360 - 256
+
 func TestDemoShowdown(t *testing.T) {
 	r, pls := runScenario(t, "showdown")
 	want := map[string]int64{"inference-1": 2000, "inference-2": 2000, "training": 8000, "preprocessing": 3000}
@@ -61,13 +65,15 @@ func TestDemoShowdown(t *testing.T) {
 			t.Errorf("%s: productName %q, want a Tesla T4", name, d.Attributes["productName"])
 		}
 		checkEnv(t, r.Namespace, pl, envWant{mode: "interposer", enforced: "advisory", uuid: d.Attributes["uuid"]})
-		if got := pl.Env["TESSERA_COMPUTE_LIMIT"]; got != "100" {
-			t.Errorf("%s: TESSERA_COMPUTE_LIMIT=%q, want 100 (no cores requested)", name, got)
+		// No cores requested: the class's compute default (proportional)
+		// caps the share at its memory fraction of the T4's usable
+		// 15104Mi (15360Mi less the 256Mi reserve), rounded up.
+		cap := strconv.FormatInt((mem*100+t4UsableMiB-1)/t4UsableMiB, 10)
+		if got := pl.Env["TESSERA_COMPUTE_LIMIT"]; got != cap {
+			t.Errorf("%s: TESSERA_COMPUTE_LIMIT=%q, want %s (%dMi of %dMi, no cores requested)", name, got, cap, mem, t4UsableMiB)
 		}
-		// Set even without a cores request (100: no cap), so that the
-		// pod's own variable cannot supply a value.
-		if got := pl.Env["CUDA_DEVICE_SM_LIMIT_0"]; got != "100" {
-			t.Errorf("%s: CUDA_DEVICE_SM_LIMIT_0=%q, want 100 (no cores requested: no cap)", name, got)
+		if got := pl.Env["CUDA_DEVICE_SM_LIMIT_0"]; got != cap {
+			t.Errorf("%s: CUDA_DEVICE_SM_LIMIT_0=%q, want %s (proportional to memory)", name, got, cap)
 		}
 		files = append(files, hostFilesOfClaim(t, c.UID)...)
 	}
