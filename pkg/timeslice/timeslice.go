@@ -151,10 +151,30 @@ type Conflict struct {
 	Requester string
 }
 
+// Error is what the requester's tenant reads (the claim's status, the
+// pod's events): it names the holders in the requester's own namespace and
+// only counts the others, never naming another namespace's claims.
 func (c *Conflict) Error() string {
-	return fmt.Sprintf("time-slice interval conflict on GPU %s: claim %s asks for timeSliceInterval %s, but the GPU is set to %s for claim(s) %s; "+
+	ns, _, _ := strings.Cut(c.Requester, "/")
+	var own []string
+	others := 0
+	for _, h := range c.HeldBy {
+		if hns, _, _ := strings.Cut(h, "/"); hns == ns {
+			own = append(own, h)
+		} else {
+			others++
+		}
+	}
+	var held []string
+	if len(own) > 0 {
+		held = append(held, "claim(s) "+strings.Join(own, ", "))
+	}
+	if others > 0 {
+		held = append(held, fmt.Sprintf("%d claim(s) of other namespaces", others))
+	}
+	return fmt.Sprintf("time-slice interval conflict on GPU %s: claim %s asks for timeSliceInterval %s, but the GPU is set to %s for %s; "+
 		"use the same timeSliceInterval, leave it unset, or use another GPU",
-		c.GPU, c.Requester, c.Want, c.Held, strings.Join(c.HeldBy, ", "))
+		c.GPU, c.Requester, c.Want, c.Held, strings.Join(held, " and "))
 }
 
 // Check reports whether a claim may ask for the interval on a GPU, without

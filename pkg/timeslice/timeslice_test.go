@@ -45,6 +45,12 @@ func TestManager(t *testing.T) {
 			t.Errorf("message %q lacks %q", err, s)
 		}
 	}
+	// Another namespace's claim is counted, never named.
+	other := Holder{UID: "x", Name: "tenant-b/secret-training"}
+	err = m.Check("GPU-0", other, v1alpha1.TimeSliceLong)
+	if err == nil || strings.Contains(err.Error(), "ns/") || !strings.Contains(err.Error(), "2 claim(s) of other namespaces") {
+		t.Errorf("message to another namespace: %v", err)
+	}
 	// Another GPU is independent.
 	if err := m.Acquire(ctx, "GPU-1", c, v1alpha1.TimeSliceLong); err != nil {
 		t.Fatal(err)
