@@ -275,6 +275,40 @@ func TestReclaim(t *testing.T) {
 	expectVerdict(t, w, "a-2", admission.ReasonDoesNotFit, "pod a-2: its claims fit on no node now")
 }
 
+// Reclaim's messages never name another namespace's workloads: the
+// preemptor's condition counts its victims' queues, the victims' eviction
+// message does not name the preemptor, and over-quota work held back is
+// told only that capacity is held.
+func TestReclaimMessagesStayInTheirNamespace(t *testing.T) {
+	w := newWorld(t, cfg())
+	w.node("n1", NodeOptions{Profile: "h100-80gb:2"})
+	w.queue(Queue("team-a", "", "160Gi", ""))
+	w.queue(Queue("team-b", "", "0", ""))
+	for _, ns := range []string{"a", "b"} {
+		w.template(Template(ns, "gpu", Request{}))
+	}
+	w.podIn("b", "secret-b-0", PodOptions{Queue: "team-b", Templates: []string{"gpu"}})
+	w.podIn("b", "secret-b-1", PodOptions{Queue: "team-b", Templates: []string{"gpu"}})
+	w.cycle()
+	expectAdmitted(t, w, "secret-b-0", "secret-b-1")
+	w.schedule()
+	w.podIn("a", "secret-a-0", PodOptions{Queue: "team-a", Templates: []string{"gpu"}})
+	w.podIn("b", "secret-b-2", PodOptions{Queue: "team-b", Templates: []string{"gpu"}})
+	w.cycle()
+	if len(w.last.Evict) != 1 {
+		t.Fatalf("evicted %v, want one team-b pod", w.evictedNames())
+	}
+	if msg := w.last.Evict[0].Message; strings.Contains(msg, "secret-a") || !strings.Contains(msg, "a workload of another namespace") {
+		t.Errorf("victim's message %q names the preemptor", msg)
+	}
+	expectVerdict(t, w, "secret-a-0", admission.ReasonReclaiming, "evicting a workload of another namespace (queue team-b)")
+	for _, v := range w.last.Waiting {
+		if v.Workload.Namespace == "b" && strings.Contains(v.Message, "secret-a") {
+			t.Errorf("%s's message %q names another namespace's pod", v.Workload.Key, v.Message)
+		}
+	}
+}
+
 func TestReclaimOff(t *testing.T) {
 	c := cfg()
 	c.Reclaim = false

@@ -249,7 +249,7 @@ type cycle struct {
 	dec     *Decision
 	// held is set once a workload within quota waits for capacity that
 	// reclaim frees: over-quota work is then not admitted this cycle.
-	held string
+	held *Workload
 	// reclaims counts reclaim tries this cycle.
 	reclaims int
 }
@@ -700,9 +700,9 @@ func (c *cycle) decide(w *Workload, d queue.Vector, pass int) (bool, error) {
 	if over != nil && pass == 1 {
 		return true, nil
 	}
-	if over != nil && c.held != "" {
+	if over != nil && c.held != nil {
 		c.countPending(w)
-		c.verdict(&Verdict{Workload: w, Reason: ReasonOverQuotaHeld, Message: fmt.Sprintf("%s; over quota, and idle capacity is held for %s", over.Message(leaf), c.held)})
+		c.verdict(&Verdict{Workload: w, Reason: ReasonOverQuotaHeld, Message: fmt.Sprintf("%s; over quota, and idle capacity is held for %s in queue %s", over.Message(leaf), c.held.DescribeTo(w.Namespace), c.held.leaf.Name)})
 		return false, nil
 	}
 	t, fit, err := c.simulate(w)

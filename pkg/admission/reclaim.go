@@ -64,7 +64,7 @@ func (c *cycle) reclaim(w *Workload, fitMsg string) (bool, error) {
 	if err != nil || ok {
 		if err == nil {
 			err = keep(terminating)
-			c.held = fmt.Sprintf("%s in queue %s", w.Describe(), w.leaf.Name)
+			c.held = w
 			c.countPending(w)
 			c.verdict(&Verdict{Workload: w, Reason: ReasonReclaiming, Message: fmt.Sprintf("%s; waiting for evicted workloads to end", fitMsg)})
 		}
@@ -147,13 +147,13 @@ func (c *cycle) reclaim(w *Workload, fitMsg string) (bool, error) {
 	var names []string
 	for _, v := range victims {
 		v.Terminating = true
-		names = append(names, fmt.Sprintf("%s (queue %s)", v.Describe(), v.leaf.Name))
+		names = append(names, fmt.Sprintf("%s (queue %s)", v.DescribeTo(w.Namespace), v.leaf.Name))
 		c.dec.Evict = append(c.dec.Evict, &Eviction{
 			Workload: v, Pods: v.Pods, Reason: ReasonReclaimed,
-			Message: fmt.Sprintf("reclaimed for %s in queue %s, which is within its quota: queue %s is over its quota", w.Describe(), w.leaf.Name, v.leaf.Name),
+			Message: fmt.Sprintf("reclaimed for %s in queue %s, which is within its quota: queue %s is over its quota", w.DescribeTo(v.Namespace), w.leaf.Name, v.leaf.Name),
 		})
 	}
-	c.held = fmt.Sprintf("%s in queue %s", w.Describe(), w.leaf.Name)
+	c.held = w
 	c.countPending(w)
 	c.verdict(&Verdict{Workload: w, Reason: ReasonReclaiming, Message: fmt.Sprintf("%s; reclaiming from over-quota queues: evicting %s", fitMsg, strings.Join(names, ", "))})
 	return true, nil

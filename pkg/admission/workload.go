@@ -66,6 +66,17 @@ func (w *Workload) Describe() string {
 	return "pod " + w.Name
 }
 
+// DescribeTo names the workload in a message that a user of namespace
+// reader may read (a pod condition, an event): by name in its own
+// namespace, as "a workload of another namespace" elsewhere, so that no
+// tenant learns another's pod or gang names.
+func (w *Workload) DescribeTo(reader string) string {
+	if w.Namespace == reader {
+		return w.Describe()
+	}
+	return "a workload of another namespace"
+}
+
 // Leaf is the workload's queue, nil when it has none.
 func (w *Workload) Leaf() *queue.Queue { return w.leaf }
 

@@ -80,9 +80,14 @@ func (w *world) claim(c *resourceapi.ResourceClaim) { w.snap.Claims = append(w.s
 
 // pod adds a gated pod (as the webhook would gate it).
 func (w *world) pod(name string, o admissiontest.PodOptions) *corev1.Pod {
+	return w.podIn("ns", name, o)
+}
+
+// podIn is pod in namespace ns (names stay unique across namespaces).
+func (w *world) podIn(ns, name string, o admissiontest.PodOptions) *corev1.Pod {
 	o.Gated = true
 	o.Created = w.tick()
-	p := admissiontest.Pod("ns", name, o)
+	p := admissiontest.Pod(ns, name, o)
 	w.snap.Pods = append(w.snap.Pods, p)
 	return p
 }
