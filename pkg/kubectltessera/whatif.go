@@ -9,6 +9,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/whatif"
+	"github.com/tessera-dev/tessera/pkg/whatif/mocknodes"
 )
 
 func newWhatIfCommand(o *Options, s Streams) *cobra.Command {
@@ -63,9 +64,10 @@ is written to the cluster.`,
 				}
 			}
 			if addNodes != "" {
-				if change.AddNodes, err = whatif.ParseNodes(addNodes); err != nil {
+				if change.AddNodes, err = mocknodes.ParseNodes(addNodes); err != nil {
 					return fmt.Errorf("--add-nodes: %w", err)
 				}
+				change.NodeSlices = mocknodes.NodeSlices
 			}
 			change.RemoveNodes = removeNodes
 			if flags != "" {

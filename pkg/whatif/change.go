@@ -14,29 +14,34 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
-	"github.com/tessera-dev/tessera/pkg/plugin"
-	"github.com/tessera-dev/tessera/pkg/sim"
 )
+
+// NodeGroup is Count nodes of one mock profile (e.g. dgxh100).
+type NodeGroup struct {
+	Count   int
+	Profile string
+}
+
+// NodeSlicer makes the ResourceSlices a node of a mock profile publishes.
+// It lives outside this package (mocknodes), so that the controller, which
+// uses the report types here, does not link the node side (cgo, NVML).
+type NodeSlicer func(ctx context.Context, profile, node string) ([]*resourceapi.ResourceSlice, error)
 
 // Change is what a what-if run tries.
 type Change struct {
 	// Queues replace the queues of the same name, or are added.
 	Queues []*v1alpha1.Queue
-	// AddNodes are new nodes of mock profiles, publishing exactly the
-	// kubelet plugin's slices for the profile (plugin.NodeSlices).
-	AddNodes []sim.NodeGroup
+	// AddNodes are new nodes of mock profiles, publishing the slices
+	// NodeSlices makes for them (package mocknodes: exactly the kubelet
+	// plugin's, through its own discover → model → publish path).
+	AddNodes   []NodeGroup
+	NodeSlices NodeSlicer
 	// RemoveNodes are nodes to take away, with their slices and the pods
 	// bound to them (their claims lose their allocations).
 	RemoveNodes []string
 	// Config is the engine's configuration after the change; nil keeps
 	// the one before.
 	Config *admission.Config
-}
-
-// ParseNodes reads --add-nodes: "<count>x<profile>" groups separated by
-// ";" or ",", e.g. 4xdgxh100 (the sim's syntax).
-func ParseNodes(s string) ([]sim.NodeGroup, error) {
-	return sim.ParseNodes(strings.ReplaceAll(s, ",", ";"))
 }
 
 // Apply returns the state with the change made (the input is not
@@ -57,7 +62,10 @@ func (c Change) Apply(ctx context.Context, s *State) (*State, []*corev1.Pod, err
 				name += "x"
 			}
 			existing[name] = true
-			slices, err := NodeSlices(ctx, g.Profile, name)
+			if c.NodeSlices == nil {
+				return nil, nil, fmt.Errorf("adding nodes of %s: no NodeSlices given", g.Profile)
+			}
+			slices, err := c.NodeSlices(ctx, g.Profile, name)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -135,24 +143,6 @@ func readyNode(name string) *corev1.Node {
 		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("whatif-" + name), Labels: map[string]string{"kubernetes.io/hostname": name}},
 		Status:     corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}},
 	}
-}
-
-// NodeSlices are the ResourceSlices the kubelet plugin publishes for a node
-// of the mock profile (the plugin's own discover → model → publish path,
-// seeded with the node's name, with the plugin's default flags), as the
-// scale harness gives its fake nodes.
-func NodeSlices(ctx context.Context, profile, node string) ([]*resourceapi.ResourceSlice, error) {
-	o := &plugin.Options{}
-	fs := pflag.NewFlagSet("kubelet-plugin", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse([]string{"--gpu-backend=mock", "--mock-profile=" + profile}); err != nil {
-		return nil, err
-	}
-	slices, err := plugin.NodeSlices(ctx, o, node)
-	if err != nil {
-		return nil, fmt.Errorf("mock profile %q: %w", profile, err)
-	}
-	return slices, nil
 }
 
 // DecisionFlags are the controller flags that change decisions; what-if
