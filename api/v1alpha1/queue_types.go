@@ -45,6 +45,13 @@ const (
 	// patches completes a fully recorded decision and rolls back one that
 	// is not.
 	DecisionAnnotation = "tessera.dev/admission-decision"
+	// IdleCondition is the pod condition that says whether the pod is
+	// idle under its queue's spec.idle (True, reason Idle, with the
+	// numbers) and why it was evicted.
+	IdleCondition = "tessera.dev/Idle"
+	// IdleExemptLabel, "true" on a pod, exempts it from idle reclaim (a
+	// gang is exempt when any member is).
+	IdleExemptLabel = "tessera.dev/idle-exempt"
 )
 
 // ResourceList is an amount per accounted resource.
@@ -110,6 +117,52 @@ type QueueSpec struct {
 	// children's quotas (time-based fair share). Ignored on a leaf.
 	// +optional
 	FairSharing *FairSharing `json:"fairSharing,omitempty"`
+
+	// Idle, when set, reclaims what sits idle: a running pod of this leaf
+	// queue whose claims used less than UsedBelow of their allocation for
+	// the whole window After is marked (condition tessera.dev/Idle, an
+	// event, a metric) and, with action Evict, evicted through the
+	// Eviction API. Off when absent. See docs/controller.md#idle-reclaim.
+	// +optional
+	Idle *IdlePolicy `json:"idle,omitempty"`
+}
+
+// IdleAction is what the controller does with an idle pod.
+// +kubebuilder:validation:Enum=Report;Evict
+type IdleAction string
+
+// The idle actions.
+const (
+	// IdleReport marks the pod (condition, event, metric) and leaves it running.
+	IdleReport IdleAction = "Report"
+	// IdleEvict marks the pod and evicts it (a gang whole) through the
+	// Eviction API, honouring PodDisruptionBudgets.
+	IdleEvict IdleAction = "Evict"
+)
+
+// IdlePolicy says when a pod of a queue counts as idle and what is done
+// with it.
+type IdlePolicy struct {
+	// After is the window: the pod's claims must have used less than
+	// UsedBelow for all of it, and usage samples must cover it all.
+	// At least 1m.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Format=duration
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="after must be at least 1m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('8760h')",message="after must be at most 8760h (a year)"
+	After metav1.Duration `json:"after"`
+	// UsedBelow is the threshold, a percentage of each device's allocation
+	// from 0% to 100% ("5%", "0.5%"): a device whose claim's processes hold
+	// at least this fraction of its memory, or use at least this fraction
+	// of its compute limit in SM time, is busy.
+	// +kubebuilder:validation:MaxLength=12
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(100([.]0+)?|[0-9]{1,2}([.][0-9]+)?)%$')",message="usedBelow must be a percentage from 0% to 100%, such as 5% or 0.5%"
+	UsedBelow string `json:"usedBelow"`
+	// Action is Report (mark only; the default) or Evict (mark, then evict
+	// through the Eviction API; a gang only whole).
+	// +optional
+	// +kubebuilder:default=Report
+	Action IdleAction `json:"action,omitempty"`
 }
 
 // QueueStatus is what the controller observes and decided.

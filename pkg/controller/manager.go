@@ -173,6 +173,12 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 			return nil, fmt.Errorf("usage history: %w", err)
 		}
 	}
+	// Idle reclaim (queues' spec.idle): a leader-only loop of its own.
+	idler := NewIdleReclaimer(mgr.GetClient(), mgr.GetCache(), admitter.Recorder, admitter.Metrics)
+	idler.Informers = mgr.GetCache()
+	if err := mgr.Add(idler); err != nil {
+		return nil, fmt.Errorf("idle reclaim: %w", err)
+	}
 	if whServer != nil {
 		whServer = mgr.GetWebhookServer() // adds it to the manager's runnables
 		decoder := webhook.NewDecoder(scheme)

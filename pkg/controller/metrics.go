@@ -29,6 +29,8 @@ const (
 	MetricCyclesTotal             = "tessera_admission_cycles_total"
 	MetricCyclesSkippedTotal      = "tessera_admission_cycles_skipped_total"
 	MetricStalePinsTotal          = "tessera_stale_pins_total"
+	MetricIdlePods                = "tessera_controller_idle_pods"
+	MetricIdleEvictionsTotal      = "tessera_controller_idle_evictions_total"
 	evictionReasonReclaim         = "reclaim"
 	resourceLabel, queueLabel     = "resource", "queue"
 	reasonLabel                   = "reason"
@@ -67,6 +69,11 @@ type Metrics struct {
 	cycles        *prometheus.CounterVec
 	skippedCycles *prometheus.CounterVec
 	stalePins     *prometheus.CounterVec
+	// idle counts the pods the last idle pass found idle, by queue (every
+	// queue with spec.idle, 0 included); idleEvictions the idle evictions
+	// tried, by queue and result (evicted, refused).
+	idle          *prometheus.GaugeVec
+	idleEvictions *prometheus.CounterVec
 	// now is the clock of the wait-time histogram (tests replace it).
 	now func() time.Time
 }
@@ -128,12 +135,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		stalePins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricStalePinsTotal, Help: "Pinned pods deleted because their pin went stale, by reason: node-gone, unschedulable.",
 		}, []string{reasonLabel}),
+		idle: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricIdlePods, Help: "Pods the last idle pass found idle under their queue's spec.idle (a gang's members only when all are idle), by queue; 0 for a queue with spec.idle and no idle pod.",
+		}, byQueue),
+		idleEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricIdleEvictionsTotal, Help: "Evictions of idle pods (spec.idle action Evict) through the Eviction API, by queue and result: evicted, refused (a PodDisruptionBudget or another error; tried again next pass).",
+		}, []string{queueLabel, "result"}),
 		now: time.Now,
 	}
 	if reg != nil {
 		reg.MustRegister(m.cycleDuration, m.workloads, m.admitted, m.evicted,
 			m.queuePending, m.queueAdmitted, m.queueWait, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueEvicted, m.queueUsed, m.inadmissible,
-			m.cycles, m.skippedCycles, m.stalePins)
+			m.cycles, m.skippedCycles, m.stalePins, m.idle, m.idleEvictions)
 	}
 	return m
 }
@@ -143,7 +156,8 @@ func MetricNames() []string {
 	return []string{MetricCycleSeconds, MetricWorkloads, MetricAdmittedTotal, MetricReclaimedTotal,
 		MetricQueuePendingWorkloads, MetricQueueAdmittedWorkloads, MetricQueueAdmissionWait, MetricQueueResourceUsage,
 		MetricQueueQuota, MetricQueueLimit, MetricQueueFairShare, MetricQueueEvictedWorkloads, MetricQueueMemoryUsedBytes,
-		MetricInadmissibleWorkloads, MetricCyclesTotal, MetricCyclesSkippedTotal, MetricStalePinsTotal}
+		MetricInadmissibleWorkloads, MetricCyclesTotal, MetricCyclesSkippedTotal, MetricStalePinsTotal,
+		MetricIdlePods, MetricIdleEvictionsTotal}
 }
 
 func (m *Metrics) cycle(trigger string) {
@@ -155,6 +169,23 @@ func (m *Metrics) cycle(trigger string) {
 func (m *Metrics) skipped(reason string) {
 	if m != nil {
 		m.skippedCycles.WithLabelValues(reason).Inc()
+	}
+}
+
+// idlePods sets the idle gauge to counts (queues not in it drop out).
+func (m *Metrics) idlePods(counts map[string]int) {
+	if m == nil {
+		return
+	}
+	m.idle.Reset()
+	for q, n := range counts {
+		m.idle.WithLabelValues(q).Set(float64(n))
+	}
+}
+
+func (m *Metrics) idleEviction(queue, result string) {
+	if m != nil {
+		m.idleEvictions.WithLabelValues(queue, result).Inc()
 	}
 }
 
