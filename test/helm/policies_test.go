@@ -316,6 +316,7 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 		{name: "tenant removes the controller's annotation", patch: `{"metadata":{"annotations":{"tessera.dev/admission-decision":null}}}`, want: "annotation tessera.dev/admission-decision cannot be set"},
 		{name: "tenant adds an unknown tessera.dev label", patch: `{"metadata":{"labels":{"tessera.dev/evict-last":"true"}}}`, want: "label tessera.dev/evict-last cannot be set"},
 		{name: "tenant changes its own annotation and label", patch: `{"metadata":{"annotations":{"note":"changed"},"labels":{"app":"y"}}}`},
+		{name: "tenant exempts its pod from idle reclaim", patch: `{"metadata":{"labels":{"tessera.dev/idle-exempt":"true"}}}`, want: "label tessera.dev/idle-exempt cannot be set"},
 	} {
 		err := patch(tenant, tc.patch, tc.sub...)
 		if tc.want == "" {
@@ -325,6 +326,10 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 		} else if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want refused with %q", tc.name, err, tc.want)
 		}
+	}
+	// A cluster administrator (system:masters) may exempt a pod.
+	if err := patch(admin, `{"metadata":{"labels":{"tessera.dev/idle-exempt":"true"}}}`); err != nil {
+		t.Errorf("a cluster administrator exempts a pod from idle reclaim: %v, want allowed", err)
 	}
 	got, err := admin.CoreV1().Pods("team-a").Get(ctx, "keys", metav1.GetOptions{})
 	if err != nil {
