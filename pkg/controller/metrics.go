@@ -133,7 +133,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: MetricCyclesSkippedTotal, Help: "Wake-ups of the admission controller that ran no cycle, by reason: nothing-gated, no-change.",
 		}, []string{reasonLabel}),
 		stalePins: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricStalePinsTotal, Help: "Pinned pods deleted because their pin went stale, by reason: node-gone, unschedulable.",
+			Name: MetricStalePinsTotal, Help: "Pinned pods evicted because their pin went stale, by reason: node-gone, unschedulable.",
 		}, []string{reasonLabel}),
 		idle: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: MetricIdlePods, Help: "Pods the last idle pass found idle under their queue's spec.idle (a gang's members only when all are idle), by queue; 0 for a queue with spec.idle and no idle pod.",
