@@ -139,10 +139,13 @@ func TestAdmissionPolicies(t *testing.T) {
 	refused("controller adds a label", patch(ctl, "team-a", "w", `{"metadata":{"labels":{"evil":"1"}}}`), "may not change a pod's labels")
 	refused("controller sets a foreign annotation", patch(ctl, "team-a", "w", `{"metadata":{"annotations":{"example.com/x":"1"}}}`), "only tessera.dev/ annotations")
 	refused("controller adds a node selector", patch(ctl, "team-a", "w", `{"spec":{"nodeSelector":{"gpu":"fast"}}}`), "only the kubernetes.io/hostname node selector")
-	refused("controller sets another condition", patch(ctl, "team-a", "w", `{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`, "status"), "only its tessera.dev/Admission condition")
+	refused("controller sets another condition", patch(ctl, "team-a", "w", `{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`, "status"), "only its own tessera.dev/ conditions")
+	allowed("controller marks a pod it evicts (DisruptionTarget) and idle", patch(ctl, "team-a", "w", `{"status":{"conditions":[{"type":"DisruptionTarget","status":"True","reason":"TesseraStalePin"},{"type":"tessera.dev/Idle","status":"False","reason":"Active"}]}}`, "status"))
+	// The pin: node affinity on metadata.name and nothing else.
+	refused("controller pins by a label", patch(ctl, "team-a", "w", `{"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"gpu","operator":"In","values":["fast"]}]}]}}}}}`), "beyond pinning it to one node")
 	allowed("controller sets its condition", patch(ctl, "team-a", "w", `{"status":{"conditions":[{"type":"tessera.dev/Admission","status":"False","reason":"Waiting","message":"queue default"}]}}`, "status"))
-	allowed("controller admits (gate, hostname, annotations)", patch(ctl, "team-a", "w",
-		`{"metadata":{"annotations":{"tessera.dev/admitted-at":"2026-01-01T00:00:00Z","tessera.dev/simulated-node":"n1"}},"spec":{"nodeSelector":{"kubernetes.io/hostname":"n1"},"schedulingGates":[{"$patch":"delete","name":"tessera.dev/admission"}]}}`))
+	allowed("controller admits (gate, pin by node name, annotations)", patch(ctl, "team-a", "w",
+		`{"metadata":{"annotations":{"tessera.dev/admitted-at":"2026-01-01T00:00:00Z","tessera.dev/simulated-node":"n1","tessera.dev/pinned-node":"n1"}},"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchFields":[{"key":"metadata.name","operator":"In","values":["n1"]}]}]}}},"schedulingGates":[{"$patch":"delete","name":"tessera.dev/admission"}]}}`))
 
 	// 1b. Only the controller writes tessera.dev/ annotations (its
 	// decisions) and tessera.dev/ labels other than queue, gang, gang-size;
