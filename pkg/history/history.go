@@ -314,6 +314,6 @@ func Window(u *v1alpha1.QueueUsage, since time.Time) (sums map[Key]Amounts, cove
 	// Covered when the history started by then and the buckets kept
 	// reach back to that day.
 	oldest := u.LastUpdated.UTC().AddDate(0, 0, -int(u.RetainedDays-1)).Format(time.DateOnly)
-	covered = !u.Since.IsZero() && !u.Since.Time.After(since) && u.RetainedDays > 0 && oldest <= first
+	covered = !u.Since.IsZero() && !u.Since.After(since) && u.RetainedDays > 0 && oldest <= first
 	return sums, covered
 }
