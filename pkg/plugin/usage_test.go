@@ -124,7 +124,9 @@ func TestUsageMetricsAndStatus(t *testing.T) {
 		{MetricClaimMemoryAllocated, claimLabels("a", "gpu-0"), float64(4 * gib)},
 		{MetricClaimMemoryUsed, claimLabels("a", "gpu-0"), 1 << 30},
 		{MetricClaimSMUtilization, claimLabels("a", "gpu-0"), 30},
-		{MetricClaimComputeAllocated, claimLabels("a", "gpu-0"), 100},
+		// No cores requested: capped at its memory fraction (compute default
+		// proportional), 4Gi of the T4's usable 15104Mi, rounded up.
+		{MetricClaimComputeAllocated, claimLabels("a", "gpu-0"), 28},
 		{MetricClaimMemoryUsed, claimLabels("b", "gpu-0"), 256 << 20},
 		{MetricClaimComputeAllocated, claimLabels("b", "gpu-0"), 50},
 		{MetricClaimMemoryUsed, claimLabels("c", "gpu-1"), 0},
