@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -374,13 +373,7 @@ func (a *Admitter) apply(ctx context.Context, snap *admission.Snapshot, d *admis
 			a.Recorder.Eventf(p, nil, corev1.EventTypeWarning, reason, "Evict", ev.Message)
 			// The Eviction API: PodDisruptionBudgets are honoured; a refused
 			// eviction is tried again by a later cycle's reclaim.
-			uid := p.UID
-			ev := &policyv1.Eviction{
-				ObjectMeta:    metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name},
-				DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
-			}
-			target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-			if err := a.Client.SubResource("eviction").Create(ctx, target, ev); err != nil {
+			if err := evictPod(ctx, a.Client, p, false); err != nil {
 				if !apierrors.IsNotFound(err) {
 					logger.Error(err, "Evicting a pod failed", "pod", klog.KObj(p))
 				}
@@ -634,12 +627,7 @@ func chargeOf(ad *admission.Admission, p *corev1.Pod) string {
 }
 
 func podCondition(p *corev1.Pod) *corev1.PodCondition {
-	for i := range p.Status.Conditions {
-		if p.Status.Conditions[i].Type == v1alpha1.AdmissionCondition {
-			return &p.Status.Conditions[i]
-		}
-	}
-	return nil
+	return findCondition(p, v1alpha1.AdmissionCondition)
 }
 
 // setCondition writes the admission condition with a strategic merge patch

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -298,14 +297,7 @@ func (r *IdleReclaimer) evict(ctx context.Context, queue string, members []idleM
 }
 
 func (r *IdleReclaimer) evictOne(ctx context.Context, p *corev1.Pod, dryRun bool) error {
-	uid := p.UID
-	opts := &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
-	if dryRun {
-		opts.DryRun = []string{metav1.DryRunAll}
-	}
-	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}, DeleteOptions: opts}
-	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-	return r.Client.SubResource("eviction").Create(ctx, target, ev)
+	return evictPod(ctx, r.Client, p, dryRun)
 }
 
 // podClaims are the UIDs of the pod's claims that hold devices of the
@@ -338,12 +330,7 @@ func podClaims(p *corev1.Pod, byName map[types.NamespacedName]*resourceapi.Resou
 }
 
 func idleCondition(p *corev1.Pod) *corev1.PodCondition {
-	for i := range p.Status.Conditions {
-		if p.Status.Conditions[i].Type == v1alpha1.IdleCondition {
-			return &p.Status.Conditions[i]
-		}
-	}
-	return nil
+	return findCondition(p, v1alpha1.IdleCondition)
 }
 
 // setIdleCondition writes the idle condition with a strategic merge patch

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -222,13 +221,7 @@ func (a *Admitter) recoverStalePins(ctx context.Context, pods *corev1.PodList) (
 		// Through the Eviction API, as reclaim evicts: the controller needs
 		// no delete verb on pods, and a pod that never ran is not protected
 		// by a PodDisruptionBudget (it is not healthy), so it goes at once.
-		uid := p.UID
-		ev := &policyv1.Eviction{
-			ObjectMeta:    metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name},
-			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
-		}
-		target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-		if err := a.Client.SubResource("eviction").Create(ctx, target, ev); err != nil {
+		if err := evictPod(ctx, a.Client, p, false); err != nil {
 			if !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 				logger.Error(err, "Evicting a pod whose pin went stale failed; retrying", "pod", klog.KObj(p))
 			}
