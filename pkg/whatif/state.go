@@ -118,33 +118,20 @@ func (s *State) Snapshot() *admission.Snapshot {
 // Objects lists every object of the state, kinds in a fixed order.
 func (s *State) Objects() []client.Object {
 	var out []client.Object
-	add := func(o client.Object) { out = append(out, o) }
-	for _, o := range s.Namespaces {
-		add(o)
-	}
-	for _, o := range s.Queues {
-		add(o)
-	}
-	for _, o := range s.Nodes {
-		add(o)
-	}
-	for _, o := range s.Classes {
-		add(o)
-	}
-	for _, o := range s.Slices {
-		add(o)
-	}
-	for _, o := range s.TaintRules {
-		add(o)
-	}
-	for _, o := range s.Templates {
-		add(o)
-	}
-	for _, o := range s.Claims {
-		add(o)
-	}
-	for _, o := range s.Pods {
-		add(o)
+	out = appendObjects(out, s.Namespaces)
+	out = appendObjects(out, s.Queues)
+	out = appendObjects(out, s.Nodes)
+	out = appendObjects(out, s.Classes)
+	out = appendObjects(out, s.Slices)
+	out = appendObjects(out, s.TaintRules)
+	out = appendObjects(out, s.Templates)
+	out = appendObjects(out, s.Claims)
+	return appendObjects(out, s.Pods)
+}
+
+func appendObjects[T client.Object](out []client.Object, items []T) []client.Object {
+	for _, o := range items {
+		out = append(out, o)
 	}
 	return out
 }
