@@ -188,16 +188,10 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 			return reconcile.Result{}, err
 		}
 	}
-	d, err := a.Engine.Decide(ctx, snap)
+	d, err := a.decide(ctx, snap, trigger)
 	if err != nil {
-		a.Trigger(TriggerRetry)
 		return reconcile.Result{}, fmt.Errorf("admission cycle: %w", err)
 	}
-	a.mu.Lock()
-	a.last = time.Now()
-	a.accounting = false
-	a.mu.Unlock()
-	a.Metrics.cycle(trigger)
 	start := time.Now()
 	more := a.apply(ctx, snap, d)
 	logger.V(2).Info("Admission cycle", "trigger", trigger, "workloads", d.Stats.Workloads, "pending", d.Stats.Pending, "admitted", d.Stats.Admitted,
@@ -711,20 +705,30 @@ func statusEqual(a, b *v1alpha1.QueueStatus) bool {
 	return apiequality.Semantic.DeepEqual(a.Conditions, b.Conditions)
 }
 
-// shadowCycle decides with the shadow's queues and compares; it applies
-// nothing (see Shadow).
-func (a *Admitter) shadowCycle(ctx context.Context, snap *admission.Snapshot, trigger string) (reconcile.Result, error) {
-	snap.Queues = a.Shadow.queues(snap.Queues)
+// decide runs the engine on snap and records the cycle (its time and
+// trigger); a failed cycle is retried.
+func (a *Admitter) decide(ctx context.Context, snap *admission.Snapshot, trigger string) (*admission.Decision, error) {
 	d, err := a.Engine.Decide(ctx, snap)
 	if err != nil {
 		a.Trigger(TriggerRetry)
-		return reconcile.Result{}, fmt.Errorf("shadow admission cycle: %w", err)
+		return nil, err
 	}
 	a.mu.Lock()
 	a.last = time.Now()
 	a.accounting = false
 	a.mu.Unlock()
 	a.Metrics.cycle(trigger)
+	return d, nil
+}
+
+// shadowCycle decides with the shadow's queues and compares; it applies
+// nothing (see Shadow).
+func (a *Admitter) shadowCycle(ctx context.Context, snap *admission.Snapshot, trigger string) (reconcile.Result, error) {
+	snap.Queues = a.Shadow.queues(snap.Queues)
+	d, err := a.decide(ctx, snap, trigger)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("shadow admission cycle: %w", err)
+	}
 	diffs := a.Shadow.Cycle(ctx, a.Engine, snap, d)
 	klog.FromContext(ctx).V(2).Info("Shadow admission cycle", "trigger", trigger, "workloads", d.Stats.Workloads, "wouldAdmit", d.Stats.Admitted,
 		"waiting", d.Stats.Waiting, "wouldEvict", d.Stats.Evicted, "differences", len(diffs), "decide", d.Stats.Duration)
