@@ -71,6 +71,19 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 	ratio(fmt.Sprintf("(d) one gang of %d vs the same pods ungated at once", cfg.BigGang), "gang", "ungated")
 	ratio(fmt.Sprintf("(c) %d gangs of %d vs %d pods ungated at once", cfg.Gangs, cfg.GangSize, cfg.BigGang), "gangs", "ungated")
 
+	p("\n### Targets\n\n| target | measured | verdict |\n|---|---|---|\n")
+	if a, a2 := rep.Find("shares"), rep.Find("claims"); a != nil && a2 != nil {
+		r := a.AllBound.Seconds() / a2.AllBound.Seconds()
+		p("| (a) at most 0.6x (a'): queued pods, pinned by node name, bind faster than the same pods without queues | %.2fx | %s |\n", r, verdict(r <= 0.6))
+	}
+	if a := rep.Find("shares"); a != nil {
+		peak := a.Usage["controller"].PeakRSS
+		p("| Tessera's controller under 500 MiB resident during (a) (%d nodes, %d pods) | %s | %s |\n", cfg.Nodes, cfg.Pods, mib(peak), verdict(peak > 0 && peak < 500<<20))
+	}
+	if a2 := rep.Find("claims"); a2 != nil {
+		p("| no decision cycle in (a'), where no pod is gated | %.0f cycles | %s |\n", a2.Cycle["decide"].Count, verdict(a2.Cycle["decide"].Count == 0))
+	}
+
 	p("\n### Absolute figures\n\n")
 	p("| workload | pods | created in | all bound | pods bound/s | Tessera controller writes/s | API server writes/s | API server requests/s | scheduling attempt p50 / p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rep.Runs {
@@ -116,6 +129,8 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		}
 		p("- %s: %s\n", r.Title, strings.Join(top, ", "))
 	}
+	writeUsage(p, rep)
+	writeProfiles(p, rep)
 	if !short {
 		if err := plotBound(filepath.Join(dir, "img", scalePlot), rep); err != nil {
 			return "", err
@@ -180,6 +195,116 @@ func scaleWanted() error {
 		return errors.New("the cluster binaries are not built (`make cluster-build`)")
 	}
 	return nil
+}
+
+// writeUsage writes CPU time per bound pod and peak resident memory by
+// component (from /proc, every process of the component summed).
+func writeUsage(p func(string, ...any), rep *scale.Report) {
+	seen := map[string]bool{}
+	for _, r := range rep.Runs {
+		for name := range r.Usage {
+			seen[name] = true
+		}
+	}
+	var comps []string
+	for _, n := range scale.Components {
+		if seen[n] {
+			comps = append(comps, n)
+		}
+	}
+	if len(comps) == 0 {
+		return
+	}
+	head := "| workload | " + strings.Join(comps, " | ") + " |\n|---|" + strings.Repeat("---:|", len(comps)) + "\n"
+	p("\nCPU time per bound pod by component, from the first create call until the last pod was bound (`/proc/PID/stat`, user + system, every process of the component; `controller` is Tessera's controller with its webhooks, `kubelet-plugin` Tessera's plugin on the one real node):\n\n%s", head)
+	for _, r := range rep.Runs {
+		var cells []string
+		for _, c := range comps {
+			cells = append(cells, fmt.Sprintf("%.2f ms", float64(r.CPUPerPod(c).Microseconds())/1000))
+		}
+		p("| %s | %s |\n", r.Title, strings.Join(cells, " | "))
+	}
+	p("\nPeak resident memory by component during each workload (`VmRSS`, sampled every 250 ms):\n\n%s", head)
+	for _, r := range rep.Runs {
+		var cells []string
+		for _, c := range comps {
+			cells = append(cells, mib(r.Usage[c].PeakRSS))
+		}
+		p("| %s | %s |\n", r.Title, strings.Join(cells, " | "))
+	}
+}
+
+// writeProfiles writes the summaries of the API server's and the
+// scheduler's CPU profiles.
+func writeProfiles(p func(string, ...any), rep *scale.Report) {
+	var runs []*scale.Result
+	for _, r := range rep.Runs {
+		if len(r.Profiles) > 0 {
+			runs = append(runs, r)
+		}
+	}
+	if len(runs) == 0 {
+		return
+	}
+	p("\n### CPU profiles\n\nThe API server's and the scheduler's CPU while each workload ran (back-to-back %s profiles from their `/debug/pprof/profile`, merged; every scheduling cycle counts, unlike the sampled plugin metrics above). Share of the profile's samples with a function of the area on the stack:\n\n", "5 s")
+	var names []string
+	for _, a := range scale.Areas {
+		names = append(names, a.Name)
+	}
+	p("| workload | component | CPU s | %s |\n|---|---|---:|%s\n", strings.Join(names, " | "), strings.Repeat("---:|", len(names)))
+	for _, r := range runs {
+		for _, comp := range scale.Profiled {
+			s, ok := r.Profiles[comp]
+			if !ok {
+				continue
+			}
+			var cells []string
+			for _, v := range s.Areas {
+				cells = append(cells, fmt.Sprintf("%.0f%%", v*100))
+			}
+			p("| %s | %s | %.1f | %s |\n", r.Title, comp, s.Seconds, strings.Join(cells, " | "))
+		}
+	}
+	p("\nTop functions by own (flat) CPU outside the Go runtime and system calls, whose flat share is the second column:\n\n| workload | component | runtime + syscalls | top functions (flat share) |\n|---|---|---:|---|\n")
+	for _, r := range runs {
+		for _, comp := range scale.Profiled {
+			s, ok := r.Profiles[comp]
+			if !ok {
+				continue
+			}
+			var top []string
+			for i, h := range s.Top {
+				if i == 5 {
+					break
+				}
+				top = append(top, fmt.Sprintf("`%s` %.0f%%", shortFunc(h.Function), h.Flat*100))
+			}
+			p("| %s | %s | %.0f%% | %s |\n", r.Title, comp, s.Runtime*100, strings.Join(top, ", "))
+		}
+	}
+	p("\nThe merged profiles were kept in `%s` (`go tool pprof -top FILE`); they are not committed.\n", rep.ProfileDir)
+}
+
+// shortFunc drops a function name's package path: "a/b/c.(*T).F" → "c.(*T).F".
+func shortFunc(name string) string {
+	paren := strings.Index(name, "(")
+	head := name
+	if paren >= 0 {
+		head = name[:paren]
+	}
+	if i := strings.LastIndex(head, "/"); i >= 0 {
+		return name[i+1:]
+	}
+	return name
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+
+func verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "**missed**"
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }

@@ -37,6 +37,9 @@ type Config struct {
 	Timeout time.Duration
 	// Workers is how many pods the harness creates in parallel.
 	Workers int
+	// ProfileDir is where the merged CPU profiles go; "" for a new
+	// temporary directory.
+	ProfileDir string
 }
 
 // Default is the run the issue asks for: 500 nodes of 8 x H100, 4,000 share

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -25,6 +26,8 @@ type Report struct {
 	// their slices and the queues.
 	ClusterUp, Setup time.Duration
 	Runs             []*Result
+	// ProfileDir holds the merged CPU profiles (NAME-WORKLOAD.pb.gz).
+	ProfileDir string
 }
 
 // Find returns the run of the workload named name, or nil.
@@ -88,7 +91,13 @@ func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (rep *Report, 
 		return nil, err
 	}
 	rep.Setup = time.Since(setupStart)
-	h := &harness{cfg: cfg, cs: cs, endpoints: eps, logf: logf}
+	h := &harness{cfg: cfg, cs: cs, endpoints: eps, logf: logf, profileDir: cfg.ProfileDir}
+	if h.profileDir == "" {
+		if h.profileDir, err = os.MkdirTemp("", "tessera-scale-profiles-"); err != nil {
+			return nil, err
+		}
+	}
+	rep.ProfileDir = h.profileDir
 	for _, w := range workloads(cfg) {
 		run, err := h.measure(ctx, w)
 		if err != nil {

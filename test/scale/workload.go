@@ -3,6 +3,7 @@ package scale
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,6 +29,9 @@ type workload struct {
 	pods  int
 	// pod shapes pod i (name, labels, claims) on top of the common spec.
 	pod func(i int, p *corev1.Pod)
+	// profile: the run takes CPU profiles of the API server and the
+	// scheduler while the workload runs.
+	profile bool
 }
 
 // workloads are the runs in order, each baseline right before what it is
@@ -46,11 +50,11 @@ func workloads(cfg Config) []workload {
 		claim(p, wholeTemplate)
 	}
 	return []workload{
-		{name: "plain", title: fmt.Sprintf("(b) %d pods, no claim, no queue", cfg.Pods), pods: cfg.Pods,
+		{name: "plain", title: fmt.Sprintf("(b) %d pods, no claim, no queue", cfg.Pods), pods: cfg.Pods, profile: true,
 			pod: func(int, *corev1.Pod) {}},
-		{name: "claims", title: fmt.Sprintf("(a') %d pods, a %s share claim each, no queue", cfg.Pods, cfg.Share), pods: cfg.Pods,
+		{name: "claims", title: fmt.Sprintf("(a') %d pods, a %s share claim each, no queue", cfg.Pods, cfg.Share), pods: cfg.Pods, profile: true,
 			pod: func(_ int, p *corev1.Pod) { claim(p, shareTemplate) }},
-		{name: "shares", title: fmt.Sprintf("(a) %d pods, a %s share claim each, %d queues", cfg.Pods, cfg.Share, cfg.Queues), pods: cfg.Pods,
+		{name: "shares", title: fmt.Sprintf("(a) %d pods, a %s share claim each, %d queues", cfg.Pods, cfg.Share, cfg.Queues), pods: cfg.Pods, profile: true,
 			pod: func(i int, p *corev1.Pod) {
 				p.Labels[tesserav1.QueueLabel] = leafQueue(i % cfg.Queues)
 				claim(p, shareTemplate)
@@ -105,6 +109,17 @@ type Result struct {
 	DRA               map[string]Histogram
 	// Cycle is the controller's tessera_admission_cycle_seconds by phase.
 	Cycle map[string]Histogram
+	// Usage is each component's CPU time and peak resident memory from the
+	// first create call until the last pod was bound (Components).
+	Usage map[string]Usage
+	// Profiles summarise the CPU profiles of Profiled components, for the
+	// workloads that take them.
+	Profiles map[string]ProfileSummary
+}
+
+// CPUPerPod is the CPU time component used per bound pod.
+func (r Result) CPUPerPod(component string) time.Duration {
+	return r.Usage[component].CPU / time.Duration(r.Pods)
 }
 
 // Rate is the average of pods bound per second until the last.
@@ -157,6 +172,14 @@ func (h *harness) measure(ctx context.Context, w workload) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	procs := newProcSampler("/proc", Components)
+	if err := procs.start(); err != nil {
+		return nil, err
+	}
+	var prof *profiler
+	if w.profile {
+		prof = startProfiler(ctx, h.profiled(), h.profileDir)
+	}
 	h.logf("%s: creating %d pods", w.title, w.pods)
 	mu.Lock()
 	start = time.Now()
@@ -193,11 +216,19 @@ func (h *harness) measure(ctx context.Context, w workload) (*Result, error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+	usage := procs.finish()
+	var profiles map[string]ProfileSummary
+	if prof != nil {
+		if profiles, err = prof.finish(w.name); err != nil {
+			return nil, err
+		}
+	}
 	after, err := scrapeAll(ctx, h.endpoints)
 	if err != nil {
 		return nil, err
 	}
-	r := &Result{Name: w.name, Title: w.title, Pods: w.pods, Created: created, DRA: map[string]Histogram{}, Cycle: map[string]Histogram{}}
+	r := &Result{Name: w.name, Title: w.title, Pods: w.pods, Created: created, DRA: map[string]Histogram{}, Cycle: map[string]Histogram{},
+		Usage: usage, Profiles: profiles}
 	mu.Lock()
 	for _, d := range bound {
 		r.Bound = append(r.Bound, d)
@@ -342,4 +373,17 @@ type harness struct {
 	cs        kubernetes.Interface
 	endpoints []endpoint
 	logf      localcluster.Logf
+	// profileDir keeps the merged CPU profiles.
+	profileDir string
+}
+
+// profiled are the endpoints of the Profiled components.
+func (h *harness) profiled() []endpoint {
+	var out []endpoint
+	for _, ep := range h.endpoints {
+		if slices.Contains(Profiled, ep.name) {
+			out = append(out, ep)
+		}
+	}
+	return out
 }
