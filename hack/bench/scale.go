@@ -68,6 +68,7 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 	ratio(fmt.Sprintf("(a) share claims and queues vs (b) neither, %d pods", cfg.Pods), "shares", "plain")
 	ratio("(a) share claims and queues vs (a') the same claims without queues: Tessera's admission", "shares", "claims")
 	ratio("(a') share claims without queues vs (b) neither: DRA without Tessera's admission", "claims", "plain")
+	ratio("(a) pinned by node name (the default) vs (a) again with `--pin-nodes=none`: the pin's effect", "shares", "shares-nopin")
 	ratio(fmt.Sprintf("(d) one gang of %d vs the same pods ungated at once", cfg.BigGang), "gang", "ungated")
 	ratio(fmt.Sprintf("(c) %d gangs of %d vs %d pods ungated at once", cfg.Gangs, cfg.GangSize, cfg.BigGang), "gangs", "ungated")
 

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,5 +148,29 @@ func TestSummarise(t *testing.T) {
 		if w, ok := wantAreas[a.Name]; ok && s.Areas[i] != w {
 			t.Errorf("area %s = %v, want %v", a.Name, s.Areas[i], w)
 		}
+	}
+}
+
+func TestWithFlags(t *testing.T) {
+	args := []string{"--leader-elect=true", "--pin-nodes=all", "--v", "4"}
+	tests := []struct {
+		name  string
+		flags map[string]string
+		want  []string
+	}{
+		{"nil keeps the chart's", nil, args},
+		{"replaces in place", map[string]string{"--pin-nodes": "none"}, []string{"--leader-elect=true", "--pin-nodes=none", "--v", "4"}},
+		{"appends a missing one, in name order", map[string]string{"--z": "1", "--cycle-interval": "1s"}, append(append([]string(nil), args...), "--cycle-interval=1s", "--z=1")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := withFlags(args, tc.flags)
+			if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("withFlags = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if args[1] != "--pin-nodes=all" {
+		t.Error("withFlags changed its argument")
 	}
 }

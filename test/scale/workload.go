@@ -32,6 +32,9 @@ type workload struct {
 	// profile: the run takes CPU profiles of the API server and the
 	// scheduler while the workload runs.
 	profile bool
+	// flags are set on Tessera's controller for this workload (nil: the
+	// chart's own).
+	flags map[string]string
 }
 
 // workloads are the runs in order, each baseline right before what it is
@@ -49,12 +52,19 @@ func workloads(cfg Config) []workload {
 		p.Labels[tesserav1.GangSizeLabel] = strconv.Itoa(size)
 		claim(p, wholeTemplate)
 	}
+	noPin := map[string]string{"--pin-nodes": "none"}
 	return []workload{
 		{name: "plain", title: fmt.Sprintf("(b) %d pods, no claim, no queue", cfg.Pods), pods: cfg.Pods, profile: true,
 			pod: func(int, *corev1.Pod) {}},
 		{name: "claims", title: fmt.Sprintf("(a') %d pods, a %s share claim each, no queue", cfg.Pods, cfg.Share), pods: cfg.Pods, profile: true,
 			pod: func(_ int, p *corev1.Pod) { claim(p, shareTemplate) }},
 		{name: "shares", title: fmt.Sprintf("(a) %d pods, a %s share claim each, %d queues", cfg.Pods, cfg.Share, cfg.Queues), pods: cfg.Pods, profile: true,
+			pod: func(i int, p *corev1.Pod) {
+				p.Labels[tesserav1.QueueLabel] = leafQueue(i % cfg.Queues)
+				claim(p, shareTemplate)
+			}},
+		// The pin's own effect: (a) again with the controller pinning nothing.
+		{name: "shares-nopin", title: fmt.Sprintf("(a) again, controller with %s", describeFlags(noPin)), pods: cfg.Pods, flags: noPin,
 			pod: func(i int, p *corev1.Pod) {
 				p.Labels[tesserav1.QueueLabel] = leafQueue(i % cfg.Queues)
 				claim(p, shareTemplate)
@@ -130,6 +140,9 @@ func (r Result) Rate() float64 { return float64(r.Pods) / r.AllBound.Seconds() }
 // It deletes the namespace and waits until it is gone (claims deallocated)
 // before it returns.
 func (h *harness) measure(ctx context.Context, w workload) (*Result, error) {
+	if err := h.configureController(ctx, w.flags); err != nil {
+		return nil, fmt.Errorf("%s: %w", w.title, err)
+	}
 	ns := "scale-" + w.name
 	if err := h.createNamespace(ctx, ns); err != nil {
 		return nil, err
@@ -375,6 +388,8 @@ type harness struct {
 	logf      localcluster.Logf
 	// profileDir keeps the merged CPU profiles.
 	profileDir string
+	// chartArgs are the controller's arguments as the chart set them.
+	chartArgs []string
 }
 
 // profiled are the endpoints of the Profiled components.
