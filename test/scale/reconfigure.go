@@ -6,7 +6,10 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 )
 
 // Tessera's controller Deployment of the chart on the local cluster.
@@ -57,21 +60,32 @@ func (h *harness) configureController(ctx context.Context, flags map[string]stri
 	}
 	h.logf("controller: restarting with %s", strings.Join(want, " "))
 	replicas := d.Spec.Replicas
-	zero := int32(0)
-	d.Spec.Replicas = &zero
-	if d, err = deps.Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+	sel := metav1.FormatLabelSelector(d.Spec.Selector)
+	// Each update reads the Deployment afresh: its controller writes it too.
+	update := func(change func(*appsv1.Deployment)) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			d, err := deps.Get(ctx, controllerDeployment, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			change(d)
+			_, err = deps.Update(ctx, d, metav1.UpdateOptions{})
+			return err
+		})
+	}
+	if err := update(func(d *appsv1.Deployment) { d.Spec.Replicas = ptr.To[int32](0) }); err != nil {
 		return err
 	}
-	sel := metav1.FormatLabelSelector(d.Spec.Selector)
 	if err := waitUntil(ctx, 2*time.Minute, "the controller's pods gone", func() (bool, error) {
 		pods, err := h.cs.CoreV1().Pods(controllerNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		return err == nil && len(pods.Items) == 0, err
 	}); err != nil {
 		return err
 	}
-	d.Spec.Template.Spec.Containers[0].Args = want
-	d.Spec.Replicas = replicas
-	if _, err := deps.Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+	if err := update(func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Containers[0].Args = want
+		d.Spec.Replicas = replicas
+	}); err != nil {
 		return err
 	}
 	var ep endpoint

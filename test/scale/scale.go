@@ -28,6 +28,9 @@ type Report struct {
 	Runs             []*Result
 	// ProfileDir holds the merged CPU profiles (NAME-WORKLOAD.pb.gz).
 	ProfileDir string
+	// Failed says which workload stopped the run, and why; "" when every
+	// workload ran. Runs are the workloads measured before it.
+	Failed string
 }
 
 // Find returns the run of the workload named name, or nil.
@@ -42,7 +45,9 @@ func (r *Report) Find(name string) *Result {
 
 // Run brings a local cluster up (ClusterOptions), starts the kwok
 // controller, creates cfg.Nodes fake nodes with the plugin's slices and the
-// queues, measures every workload in turn and tears the cluster down.
+// queues, measures every workload in turn and tears the cluster down. When
+// a workload fails it returns the error and, with it, the report of the
+// workloads measured before (Report.Failed says which one stopped it).
 func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (rep *Report, err error) {
 	start := time.Now()
 	cl, err := localcluster.Up(ctx, ClusterOptions(logf))
@@ -101,7 +106,10 @@ func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (rep *Report, 
 	for _, w := range workloads(cfg) {
 		run, err := h.measure(ctx, w)
 		if err != nil {
-			return nil, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
+			// What was measured until then is kept: the report says where
+			// the run stopped and why.
+			rep.Failed = fmt.Sprintf("%s: %v", w.title, err)
+			return rep, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
 		}
 		rep.Runs = append(rep.Runs, run)
 	}
