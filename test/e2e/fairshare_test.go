@@ -41,7 +41,7 @@ func TestTimeBasedFairShare(t *testing.T) {
 	parent := func(weighting string) string {
 		return "metadata: {name: tfs-research}\nspec:\n  fairSharing: {usageWeighting: " + weighting + "}\n"
 	}
-	applyQueues(t, parent("{enabled: true, factor: 1}"),
+	applyQueues(t, parent("{enabled: true, factor: '1'}"),
 		"metadata: {name: tfs-a}\nspec: {parent: tfs-research}\n",
 		"metadata: {name: tfs-b}\nspec: {parent: tfs-research}\n")
 
@@ -127,7 +127,7 @@ func TestTimeBasedFairShare(t *testing.T) {
 		})
 	}
 	split("factor 1: tfs-a gets 1/3", 1.0/3)
-	applyQueues(t, parent("{enabled: true, factor: 3}"))
+	applyQueues(t, parent("{enabled: true, factor: '3'}"))
 	split("factor 3: tfs-a gets 1/5", 1.0/5)
 	applyQueues(t, parent("{enabled: false}"))
 	split("usageWeighting off: even split", 1.0/2)
