@@ -24,12 +24,23 @@ import (
 // for at most --usage-max-gap of a longer gap) and records the rates it
 // observes now. It writes only status.usage, with a merge patch; the
 // admission loop carries status.usage over when it rewrites the status.
+//
+// Updates run at whole seconds (status.usage.lastUpdated has second
+// precision), so that consecutive updates integrate adjoining intervals
+// and no part of a second twice. Where the cached status is older than
+// what this process wrote last (the watch has not delivered the patch
+// yet), it continues from what it wrote, not from the older status, which
+// would integrate that stretch again.
 type HistoryKeeper struct {
 	Client client.Client
 	Reader client.Reader
 	Config history.Config
 	Every  time.Duration
 	Now    func() time.Time
+
+	// written is status.usage as this process last wrote it, by queue
+	// UID. Only the Start loop calls Update: no lock.
+	written map[types.UID]*v1alpha1.QueueUsage
 }
 
 // NeedLeaderElection: only the leader writes history.
@@ -77,9 +88,18 @@ func (h *HistoryKeeper) Update(ctx context.Context) error {
 	}
 	qs := ptrs(queues.Items)
 	rates := history.Rates(qs, ptrs(pods.Items), ptrs(claims.Items), ptrs(slices.Items), ptrs(namespaces.Items))
-	t := now()
+	t := now().Truncate(time.Second)
+	if h.written == nil {
+		h.written = map[types.UID]*v1alpha1.QueueUsage{}
+	}
+	seen := map[types.UID]bool{}
 	for _, q := range qs {
-		hist := history.FromStatus(q.Status.Usage, t)
+		seen[q.UID] = true
+		usage := q.Status.Usage
+		if w := h.written[q.UID]; w != nil && (usage == nil || usage.LastUpdated.Before(&w.LastUpdated)) {
+			usage = w
+		}
+		hist := history.FromStatus(usage, t)
 		hist.Update(t, rates[q.Name], h.Config)
 		next := hist.ToStatus(h.Config)
 		if q.Status.Usage != nil && apiequality.Semantic.DeepEqual(q.Status.Usage, next) {
@@ -91,8 +111,17 @@ func (h *HistoryKeeper) Update(ctx context.Context) error {
 		}
 		target := &v1alpha1.Queue{}
 		target.Name = q.Name
-		if err := h.Client.Status().Patch(ctx, target, client.RawPatch(types.MergePatchType, data)); err != nil && !apierrors.IsNotFound(err) {
-			klog.FromContext(ctx).Error(err, "Writing queue usage history failed", "queue", q.Name)
+		if err := h.Client.Status().Patch(ctx, target, client.RawPatch(types.MergePatchType, data)); err != nil {
+			if !apierrors.IsNotFound(err) {
+				klog.FromContext(ctx).Error(err, "Writing queue usage history failed", "queue", q.Name)
+			}
+			continue
+		}
+		h.written[q.UID] = next
+	}
+	for uid := range h.written {
+		if !seen[uid] {
+			delete(h.written, uid)
 		}
 	}
 	return nil

@@ -215,13 +215,20 @@ func ReportFromPrometheus(ctx context.Context, c *http.Client, base, rng string,
 	return rows, nil
 }
 
-// PrintReport writes the rows as a table, csv or markdown.
+// PrintReport writes the rows as a table, csv or markdown (csv with 6
+// decimals, the others with 2).
 func PrintReport(w io.Writer, rows []ReportRow, format string, withCost bool) error {
 	head := []string{"QUEUE", "NAMESPACE", "MODEL", "GPU-H ALLOC", "GPU-H USED", "GPU-H WASTE", "GIB-H ALLOC", "GIB-H USED", "GIB-H WASTE"}
 	if withCost {
 		head = append(head, "COST")
 	}
-	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
+	// Tables and markdown are read by people (2 decimals); csv is read by
+	// programs and keeps the 6 decimals status.usage holds.
+	prec := 2
+	if format == "csv" {
+		prec = 6
+	}
+	f := func(v float64) string { return strconv.FormatFloat(v, 'f', prec, 64) }
 	var lines [][]string
 	var total history.Amounts
 	totalCost := 0.0

@@ -79,6 +79,13 @@ func TestReportFromStatus(t *testing.T) {
 			t.Errorf("%s: %v\n%s", format, err, b.String())
 		}
 	}
+	// csv keeps what status.usage holds (6 decimals), so that short
+	// windows are not rounded away.
+	var b bytes.Buffer
+	small := []ReportRow{{Queue: "q", Namespace: "ns", Model: "Tesla T4", Amounts: history.Amounts{AllocGPU: 0.006667, AllocMem: 0.1}}}
+	if err := PrintReport(&b, small, "csv", false); err != nil || !strings.Contains(b.String(), "q,ns,Tesla T4,0.006667,0.000000,0.006667,0.100000,") {
+		t.Errorf("csv: %v\n%s", err, b.String())
+	}
 }
 
 func TestReportFromPrometheus(t *testing.T) {

@@ -53,6 +53,7 @@ func TestUsageWeightedFairShare(t *testing.T) {
 		// factor 3: weights 1/3.25 and 1/1.75: a gets 2.8, b 5.2.
 		{"factor 3", "3", "30", "10", 8, 2.8, 5.2},
 		{"only a used: a gets 1/3 (factor 1: weights 1/2 and 1)", "1", "5", "", 8, 8.0 / 3, 16.0 / 3},
+		{"only a used, factor 3: a gets 1/5 (weights 1/4 and 1)", "3", "5", "", 8, 1.6, 6.4},
 		{"what a does not ask for goes to b", "1", "", "40", 2, 2, 6},
 	}
 	for _, tt := range tests {
