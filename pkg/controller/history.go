@@ -30,6 +30,9 @@ type HistoryKeeper struct {
 	Config history.Config
 	Every  time.Duration
 	Now    func() time.Time
+	// Controller is this controller's --controller-name: it writes only
+	// its own queues' history (canary queues: owner.go).
+	Controller string
 }
 
 // NeedLeaderElection: only the leader writes history.
@@ -78,7 +81,11 @@ func (h *HistoryKeeper) Update(ctx context.Context) error {
 	qs := ptrs(queues.Items)
 	rates := history.Rates(qs, ptrs(pods.Items), ptrs(claims.Items), ptrs(slices.Items), ptrs(namespaces.Items))
 	t := now()
+	owner := newOwnership(h.Controller, qs)
 	for _, q := range qs {
+		if !owner.queue(q.Name) {
+			continue
+		}
 		hist := history.FromStatus(q.Status.Usage, t)
 		hist.Update(t, rates[q.Name], h.Config)
 		next := hist.ToStatus(h.Config)
