@@ -120,13 +120,18 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 		return reconcile.Result{}, fmt.Errorf("listing queues: %w", err)
 	}
 	owner := newOwnership(a.Opts.ControllerName, ptrs(queues.Items))
-	mine := pods.Items[:0:0]
 	for i := range pods.Items {
-		if owner.pod(&pods.Items[i]) {
-			mine = append(mine, pods.Items[i])
+		if !owner.pod(&pods.Items[i]) { // copy only with another controller's pods
+			mine := make([]corev1.Pod, 0, len(pods.Items))
+			for j := range pods.Items {
+				if owner.pod(&pods.Items[j]) {
+					mine = append(mine, pods.Items[j])
+				}
+			}
+			pods.Items = mine
+			break
 		}
 	}
-	pods.Items = mine
 	var (
 		staleNext time.Time
 		err       error
