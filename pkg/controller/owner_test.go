@@ -64,7 +64,13 @@ func TestCanaryOwnership(t *testing.T) {
 		objs = append(objs, sl)
 	}
 	for _, c := range admissiontest.Classes() {
+		c.UID = types.UID("uid-class-" + c.Name) // the fake API sets none; reuse keys by UID
 		objs = append(objs, c)
+	}
+	for _, o := range objs {
+		if o.GetUID() == "" {
+			o.SetUID(types.UID("uid-" + o.GetName()))
+		}
 	}
 	base := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()
 	admitter := func(name string) (*Admitter, *writeLog) {
@@ -142,6 +148,44 @@ func TestCanaryOwnership(t *testing.T) {
 	}
 	if p := pod("run-prod"); p.Annotations[v1alpha1.AdmittedByAnnotation] != "" || len(p.Status.Conditions) != 0 {
 		t.Errorf("a running pod was written to: %v %v", p.Annotations, p.Status.Conditions)
+	}
+
+	// The rollback: exp's field removed. A new pod there is the main
+	// controller's; the pod the canary admitted runs on untouched.
+	if err := base.Get(ctx, types.NamespacedName{Name: "exp"}, &q); err != nil {
+		t.Fatal(err)
+	}
+	q.Spec.ControllerName = ""
+	if err := base.Update(ctx, &q); err != nil {
+		t.Fatal(err)
+	}
+	if err := base.Create(ctx, admissiontest.Claim("ns", "g-exp2-gpu", admissiontest.Request{Memory: "4Gi"})); err != nil {
+		t.Fatal(err)
+	}
+	g2 := admissiontest.Pod("ns", "g-exp2", admissiontest.PodOptions{Queue: "exp", Claims: []string{"g-exp2-gpu"}, Gated: true, Created: t0})
+	g2.ResourceVersion = ""
+	if err := base.Create(ctx, g2); err != nil {
+		t.Fatal(err)
+	}
+	admittedAt := pod("g-exp").Annotations[v1alpha1.AdmittedAtAnnotation]
+	cw.writes, mw.writes = nil, nil
+	if _, err := canary.Reconcile(ctx, CycleRequest); err != nil {
+		t.Fatal(err)
+	}
+	if len(cw.writes) != 0 {
+		t.Errorf("the canary wrote after its only tree moved away: %v", cw.writes)
+	}
+	if _, err := main.Reconcile(ctx, CycleRequest); err != nil {
+		t.Fatal(err)
+	}
+	if p := pod("g-exp2"); admission.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != v1alpha1.DefaultControllerName {
+		t.Errorf("g-exp2 after the rollback: gates %v, annotations %v, condition %+v; want it admitted by the main controller", p.Spec.SchedulingGates, p.Annotations, podCondition(p))
+	}
+	if written(mw)["ns/g-exp"] {
+		t.Error("the main controller wrote to the running pod the canary admitted")
+	}
+	if p := pod("g-exp"); p.Annotations[v1alpha1.AdmittedByAnnotation] != "canary" || p.Annotations[v1alpha1.AdmittedAtAnnotation] != admittedAt {
+		t.Errorf("g-exp after the rollback: %v", p.Annotations)
 	}
 }
 
