@@ -28,7 +28,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
 		"--values", LocalClusterValues,
 		"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-helm-test/mock-devices",
-		"--set", "webhook.enabled=false", "--set", "canary.enabled=true", "--timeout", "2m"}
+		"--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true", "--timeout", "2m"}
 	if out, err := runHelm(t, install...); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
@@ -535,7 +535,7 @@ func TestNvidiaVisibleDevicesValues(t *testing.T) {
 	}
 }
 
-// testCanaryAdmits: with canary.enabled the policies admit exactly two
+// testCanaryAdmits: with controller.canary.enabled the policies admit exactly two
 // service accounts, the controller's and the canary's: the canary ungates
 // and writes tessera.dev/ annotations under the controller's limits
 // (policy 8), and a third account with the same RBAC is refused both.

@@ -64,11 +64,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "tessera.canary.fullname" -}}{{ include "tessera.controller.fullname" . | trunc 56 | trimSuffix "-" }}-canary{{- end -}}
 
 {{/* The service accounts allowed to admit (ungate) and to write tessera.dev/
-keys: the controller's and, with canary.enabled, the canary's; as a JSON list
+keys: the controller's and, with controller.canary.enabled, the canary's; as a JSON list
 of user names for the admission policies. */}}
 {{- define "tessera.controller.usernames" -}}
 {{- $names := list (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "tessera.controller.serviceAccountName" .)) -}}
-{{- if .Values.canary.enabled -}}
+{{- if .Values.controller.canary.enabled -}}
 {{- $names = append $names (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "tessera.canary.fullname" .)) -}}
 {{- end -}}
 {{- toJson $names -}}
@@ -147,15 +147,15 @@ config:
 {{- if and .Values.webhook.enabled (not .Values.controller.enabled) -}}
 {{- fail "webhook.enabled=true needs controller.enabled=true: the controller serves the webhooks" -}}
 {{- end -}}
-{{- if .Values.canary.enabled -}}
+{{- if .Values.controller.canary.enabled -}}
 {{- if not .Values.controller.enabled -}}
-{{- fail "canary.enabled=true needs controller.enabled=true: the canary decides only the queues that name it, next to the main controller" -}}
+{{- fail "controller.canary.enabled=true needs controller.enabled=true: the canary decides only the queues that name it, next to the main controller" -}}
 {{- end -}}
-{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" (toString .Values.canary.controllerName)) -}}
-{{- fail (printf "canary.controllerName=%q is not a DNS label: use lower-case letters, digits and '-', at most 63 (Queue spec.controllerName names it)" (toString .Values.canary.controllerName)) -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" (toString .Values.controller.canary.controllerName)) -}}
+{{- fail (printf "controller.canary.controllerName=%q is not a DNS label: use lower-case letters, digits and '-', at most 63 (Queue spec.controllerName names it)" (toString .Values.controller.canary.controllerName)) -}}
 {{- end -}}
-{{- if eq .Values.canary.controllerName "default" -}}
-{{- fail "canary.controllerName=default is the main controller's name: pick another, e.g. canary" -}}
+{{- if eq .Values.controller.canary.controllerName "default" -}}
+{{- fail "controller.canary.controllerName=default is the main controller's name: pick another, e.g. canary" -}}
 {{- end -}}
 {{- end -}}
 {{- $p := .Values.kubeletPlugin -}}

@@ -10,8 +10,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
-var canaryValues = valueSet{name: "canary", set: []string{"--set", "canary.enabled=true", "--set-string", "canary.image.tag=v0.9.0-rc1",
-	"--set-string", "canary.controllerName=next", "--set-json", `canary.args=["--reclaim=false"]`}}
+var canaryControllerValues = valueSet{name: "canary-controller", set: []string{"--set", "controller.canary.enabled=true", "--set-string", "controller.canary.image.tag=v0.9.0-rc1",
+	"--set-string", "controller.canary.controllerName=next", "--set-json", `controller.canary.args=["--reclaim=false"]`}}
 
 // TestCanaryController: one value installs a second admission controller
 // for canary queues: its own name, image, flags, ServiceAccount, lease and
@@ -21,7 +21,7 @@ func TestCanaryController(t *testing.T) {
 	if strings.Contains(render(t, valueSets[0]), "canary-controller") {
 		t.Error("the default render has a canary controller")
 	}
-	objs := renderTyped(t, canaryValues)
+	objs := renderTyped(t, canaryControllerValues)
 	name := controllerName + "-canary"
 	d := get[*appsv1.Deployment](t, objs, "Deployment", name)
 	c := container(t, d.Spec.Template.Spec, "canary-controller")
@@ -65,7 +65,7 @@ func TestCanaryController(t *testing.T) {
 	if !strings.Contains(vap.Spec.Validations[0].Expression, sa) {
 		t.Errorf("the gate policy does not let the canary ungate: %s", vap.Spec.Validations[0].Expression)
 	}
-	if out, err := runHelm(t, append([]string{"template", ReleaseName, ChartPath, "--kube-version", kubeVersion}, "--set", "canary.enabled=true", "--set", "canary.controllerName=default")...); err == nil || !strings.Contains(out+err.Error(), "main controller's name") {
-		t.Errorf("canary.controllerName=default: %v %s", err, out)
+	if out, err := runHelm(t, append([]string{"template", ReleaseName, ChartPath, "--kube-version", kubeVersion}, "--set", "controller.canary.enabled=true", "--set", "controller.canary.controllerName=default")...); err == nil || !strings.Contains(out+err.Error(), "main controller's name") {
+		t.Errorf("controller.canary.controllerName=default: %v %s", err, out)
 	}
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 
-// canaryDeployment is the chart's canary controller (canary.enabled).
+// canaryDeployment is the chart's canary controller (controller.canary.enabled).
 const canaryDeployment = localcluster.ChartController + "-canary"
 
 // setCanary turns the chart's canary controller on or off (`helm upgrade
@@ -29,9 +29,9 @@ func setCanary(t *testing.T, ctx context.Context, on bool) {
 	t.Helper()
 	out, err := cluster.Helm(ctx, "upgrade", helm.ReleaseName, filepath.Join(cluster.Opts.RepoRoot, helm.ChartPath),
 		"--kubeconfig", cluster.Kubeconfig, "--namespace", localcluster.ChartNamespace, "--reuse-values",
-		"--set", fmt.Sprintf("canary.enabled=%v", on), "--timeout", "3m")
+		"--set", fmt.Sprintf("controller.canary.enabled=%v", on), "--timeout", "3m")
 	if err != nil {
-		t.Fatalf("helm upgrade --set canary.enabled=%v: %v\n%s", on, err, out)
+		t.Fatalf("helm upgrade --set controller.canary.enabled=%v: %v\n%s", on, err, out)
 	}
 	waitFor(t, 2*time.Minute, fmt.Sprintf("canary Deployment (enabled=%v)", on), func(ctx context.Context) (bool, error) {
 		d, err := cluster.Client.AppsV1().Deployments(localcluster.ChartNamespace).Get(ctx, canaryDeployment, metav1.GetOptions{})
@@ -47,7 +47,7 @@ func setCanary(t *testing.T, ctx context.Context, on bool) {
 }
 
 // TestCanaryQueues runs the main controller and a canary release of it
-// (the chart's canary.enabled, --controller-name=canary) side by side.
+// (the chart's controller.canary.enabled, --controller-name=canary) side by side.
 // A queue tree moves to the canary with one field on its root
 // (spec.controllerName) and back (the rollback): each time its gated pods
 // are admitted by the tree's controller of the moment, as the pods'
@@ -58,7 +58,7 @@ func setCanary(t *testing.T, ctx context.Context, on bool) {
 // decides them) until it is moved back.
 func TestCanaryQueues(t *testing.T) {
 	if !cluster.ChartMode() {
-		t.Skip("the canary controller is a chart value (canary.enabled): needs TESSERA_INSTALL=chart")
+		t.Skip("the canary controller is a chart value (controller.canary.enabled): needs TESSERA_INSTALL=chart")
 	}
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
