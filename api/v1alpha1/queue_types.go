@@ -39,6 +39,9 @@ const (
 	// AdmittedAtAnnotation records when the pod was admitted (RFC 3339);
 	// reclaim takes the most recently admitted first.
 	AdmittedAtAnnotation = "tessera.dev/admitted-at"
+	// AdmittedByAnnotation records the --controller-name of the controller
+	// that admitted the pod (canary queues).
+	AdmittedByAnnotation = "tessera.dev/admitted-by"
 	// DecisionAnnotation records, on every member of a workload of several
 	// pods, the admission decision "<id>/<members>" before the first gate
 	// comes off; a controller that restarts or fails between the members'
@@ -125,7 +128,25 @@ type QueueSpec struct {
 	// Eviction API. Off when absent. See docs/controller.md#idle-reclaim.
 	// +optional
 	Idle *IdlePolicy `json:"idle,omitempty"`
+
+	// ControllerName names the controller release that decides this
+	// queue's pods (its --controller-name), for canary queues: a second
+	// controller release decides the queues that name it, the main one
+	// the rest. Empty means the main controller ("default"). Only a
+	// top-level queue's value counts: a queue's whole tree goes to its
+	// root's controller, so that the root's fair share and limits stay
+	// whole; a child naming another controller is refused (condition
+	// ControllerAssigned=False, reason SplitRefused) and stays with its
+	// root's. See docs/safe-trials.md#canary-queues.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	ControllerName string `json:"controllerName,omitempty"`
 }
+
+// DefaultControllerName is the main controller's --controller-name: the
+// one that decides queues whose tree names no controller.
+const DefaultControllerName = "default"
 
 // IdleAction is what the controller does with an idle pod.
 // +kubebuilder:validation:Enum=Report;Evict
@@ -216,6 +237,7 @@ type QueueStatus struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.spec) || !has(self.spec.parent) || self.spec.parent != self.metadata.name",message="a queue cannot be its own parent"
 // +kubebuilder:resource:scope=Cluster,shortName=tq,categories=tessera
 // +kubebuilder:printcolumn:name="Parent",type=string,JSONPath=`.spec.parent`
+// +kubebuilder:printcolumn:name="Controller",type=string,JSONPath=`.spec.controllerName`,priority=1
 // +kubebuilder:printcolumn:name="Prio",type=integer,JSONPath=`.spec.priority`,priority=1
 // +kubebuilder:printcolumn:name="Mem-Quota",type=string,JSONPath=`.spec.resources.gpu\.tessera\.dev/memory.quota`
 // +kubebuilder:printcolumn:name="Mem-Limit",type=string,JSONPath=`.spec.resources.gpu\.tessera\.dev/memory.limit`
@@ -252,3 +274,15 @@ type QueueList struct {
 
 // QueueConditionValid is the condition type saying whether a queue is usable.
 const QueueConditionValid = "Valid"
+
+// QueueConditionControllerAssigned says which controller decides the
+// queue's pods (the message names it); False, reason
+// ReasonSplitRefused, when the queue's spec.controllerName differs from
+// its root queue's and was not followed.
+const QueueConditionControllerAssigned = "ControllerAssigned"
+
+// Reasons of QueueConditionControllerAssigned.
+const (
+	ReasonControllerAssigned = "Assigned"
+	ReasonSplitRefused       = "SplitRefused"
+)

@@ -113,6 +113,25 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 		a.Trigger(TriggerRetry)
 		return reconcile.Result{}, fmt.Errorf("listing pods: %w", err)
 	}
+	// Only this controller's queues' pods (canary queues: owner.go).
+	var queues v1alpha1.QueueList
+	if err := a.Reader.List(ctx, &queues, client.UnsafeDisableDeepCopy); err != nil {
+		a.Trigger(TriggerRetry)
+		return reconcile.Result{}, fmt.Errorf("listing queues: %w", err)
+	}
+	owner := newOwnership(a.Opts.ControllerName, ptrs(queues.Items))
+	for i := range pods.Items {
+		if !owner.pod(&pods.Items[i]) { // copy only with another controller's pods
+			mine := make([]corev1.Pod, 0, len(pods.Items))
+			for j := range pods.Items {
+				if owner.pod(&pods.Items[j]) {
+					mine = append(mine, pods.Items[j])
+				}
+			}
+			pods.Items = mine
+			break
+		}
+	}
 	var (
 		staleNext time.Time
 		err       error
@@ -181,12 +200,14 @@ func (a *Admitter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 	if a.Shadow != nil {
 		return a.shadowCycle(ctx, snap, trigger)
 	}
+	own(snap, a.Opts.ControllerName)
 	if a.finishDecisions(ctx, snap) {
 		// Decide on what the completions and rollbacks left.
 		if snap, err = a.snapshot(ctx); err != nil {
 			a.Trigger(TriggerRetry)
 			return reconcile.Result{}, err
 		}
+		own(snap, a.Opts.ControllerName)
 	}
 	d, err := a.decide(ctx, snap, trigger)
 	if err != nil {
@@ -580,7 +601,7 @@ func (a *Admitter) remember(m *map[types.UID]memo, uid types.UID, annotations ma
 func (a *Admitter) ungate(ctx context.Context, p *corev1.Pod, node, charge string, pin bool, nodes map[string]bool, now metav1.Time) (map[string]string, error) {
 	// metadata.uid makes the patch fail on a pod recreated under the same
 	// name since the snapshot (the UID is immutable).
-	annotations := map[string]string{v1alpha1.AdmittedAtAnnotation: now.UTC().Format(time.RFC3339)}
+	annotations := map[string]string{v1alpha1.AdmittedAtAnnotation: now.UTC().Format(time.RFC3339), v1alpha1.AdmittedByAnnotation: a.controllerName()}
 	if charge != "" {
 		// With the gate's removal, in the same patch: what the pod was
 		// admitted with, against which what it holds is checked.
@@ -655,6 +676,7 @@ func (a *Admitter) setConditions(ctx context.Context, p *corev1.Pod, now metav1.
 // updateQueues writes the status of every queue that changed.
 func (a *Admitter) updateQueues(ctx context.Context, snap *admission.Snapshot, d *admission.Decision) {
 	problems := admission.QueueProblems(snap.Queues)
+	owners := queue.Owners(snap.Queues)
 	queues := append([]*v1alpha1.Queue(nil), snap.Queues...)
 	sort.Slice(queues, func(i, j int) bool { return queues[i].Name < queues[j].Name })
 	for _, q := range queues {
@@ -673,6 +695,7 @@ func (a *Admitter) updateQueues(ctx context.Context, snap *admission.Snapshot, d
 			cond.Message = "parent queue: workloads go to its leaf queues"
 		}
 		meta.SetStatusCondition(&next.Conditions, cond)
+		meta.SetStatusCondition(&next.Conditions, assignedCondition(owners[q.Name], q.Generation))
 		if statusEqual(&q.Status, next) {
 			continue
 		}
@@ -725,6 +748,7 @@ func (a *Admitter) decide(ctx context.Context, snap *admission.Snapshot, trigger
 // nothing (see Shadow).
 func (a *Admitter) shadowCycle(ctx context.Context, snap *admission.Snapshot, trigger string) (reconcile.Result, error) {
 	snap.Queues = a.Shadow.queues(snap.Queues)
+	own(snap, a.Opts.ControllerName)
 	d, err := a.decide(ctx, snap, trigger)
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("shadow admission cycle: %w", err)
@@ -733,4 +757,12 @@ func (a *Admitter) shadowCycle(ctx context.Context, snap *admission.Snapshot, tr
 	klog.FromContext(ctx).V(2).Info("Shadow admission cycle", "trigger", trigger, "workloads", d.Stats.Workloads, "wouldAdmit", d.Stats.Admitted,
 		"waiting", d.Stats.Waiting, "wouldEvict", d.Stats.Evicted, "differences", len(diffs), "decide", d.Stats.Duration)
 	return reconcile.Result{RequeueAfter: a.Opts.ResyncPeriod}, nil
+}
+
+// controllerName is this controller's --controller-name.
+func (a *Admitter) controllerName() string {
+	if a.Opts.ControllerName == "" {
+		return v1alpha1.DefaultControllerName
+	}
+	return a.Opts.ControllerName
 }

@@ -41,6 +41,9 @@ type HistoryKeeper struct {
 	// written is status.usage as this process last wrote it, by queue
 	// UID. Only the Start loop calls Update: no lock.
 	written map[types.UID]*v1alpha1.QueueUsage
+	// Controller is this controller's --controller-name: it writes only
+	// its own queues' history (canary queues: owner.go).
+	Controller string
 }
 
 // NeedLeaderElection: only the leader writes history.
@@ -92,8 +95,12 @@ func (h *HistoryKeeper) Update(ctx context.Context) error {
 	if h.written == nil {
 		h.written = map[types.UID]*v1alpha1.QueueUsage{}
 	}
+	owner := newOwnership(h.Controller, qs)
 	seen := map[types.UID]bool{}
 	for _, q := range qs {
+		if !owner.queue(q.Name) {
+			continue
+		}
 		seen[q.UID] = true
 		usage := q.Status.Usage
 		if w := h.written[q.UID]; w != nil && (usage == nil || usage.LastUpdated.Before(&w.LastUpdated)) {

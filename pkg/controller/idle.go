@@ -57,6 +57,9 @@ type IdleReclaimer struct {
 	Interval  time.Duration
 	Driver    string
 	History   *idle.History
+	// Controller is this controller's --controller-name: only its own
+	// queues' policies apply (canary queues: owner.go).
+	Controller string
 
 	mu sync.Mutex
 	// evicted remembers the pods this process evicted until the cache
@@ -123,8 +126,12 @@ func (r *IdleReclaimer) Pass(ctx context.Context) error {
 		return fmt.Errorf("listing queues: %w", err)
 	}
 	policies := map[string]*idle.Policy{}
+	owner := newOwnership(r.Controller, ptrs(queues.Items))
 	for i := range queues.Items {
 		q := &queues.Items[i]
+		if !owner.queue(q.Name) {
+			continue
+		}
 		p, err := idle.PolicyOf(q)
 		if err != nil {
 			logger.Info("Warning: ignoring a queue's spec.idle", "queue", q.Name, "error", err.Error())

@@ -144,7 +144,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	admitter := &Admitter{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetCache(),
-		Recorder: mgr.GetEventRecorder("tessera-controller"),
+		Recorder: mgr.GetEventRecorder(recorderName(o.ControllerName)),
 		Engine:   admission.NewEngine(cfgEngine),
 		Metrics:  NewMetrics(registry(o)),
 		Opts:     o,
@@ -168,7 +168,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	// the history.
 	if o.UsageHistoryInterval > 0 && !o.Shadow {
 		keeper := &HistoryKeeper{Client: mgr.GetClient(), Reader: mgr.GetCache(), Every: o.UsageHistoryInterval,
-			Config: history.Config{HalfLife: o.UsageHalfLife, MaxGap: o.UsageMaxGap, Days: o.UsageHistoryDays}}
+			Config: history.Config{HalfLife: o.UsageHalfLife, MaxGap: o.UsageMaxGap, Days: o.UsageHistoryDays}, Controller: o.ControllerName}
 		if err := mgr.Add(keeper); err != nil {
 			return nil, fmt.Errorf("usage history: %w", err)
 		}
@@ -176,6 +176,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	// Idle reclaim (queues' spec.idle): a leader-only loop of its own.
 	idler := NewIdleReclaimer(mgr.GetClient(), mgr.GetCache(), admitter.Recorder, admitter.Metrics)
 	idler.Informers = mgr.GetCache()
+	idler.Controller = o.ControllerName
 	if err := mgr.Add(idler); err != nil {
 		return nil, fmt.Errorf("idle reclaim: %w", err)
 	}

@@ -13,7 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 )
 
@@ -103,6 +105,11 @@ type Options struct {
 	Shadow       bool
 	ShadowReport string
 	ShadowQueues string
+	// ControllerName is this controller's name for canary queues: it
+	// decides the pods of the queues whose root queue names it in
+	// spec.controllerName (v1alpha1.DefaultControllerName: those that name
+	// none) and leaves every other pod and queue alone.
+	ControllerName string
 }
 
 // DefaultNamespace is where the controller keeps its Secret and lease:
@@ -157,6 +164,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Shadow, "shadow", false, "Shadow mode: watch and decide every cycle with this controller's flags (and --shadow-queues), write nothing to pods, claims or queues (no ungating, evictions, conditions, events, queue status; no webhooks), and report where the decisions differ from the active controller's in the ConfigMap --shadow-report and metrics tessera_shadow_*. Its lease defaults to "+DefaultShadowLease+".")
 	fs.StringVar(&o.ShadowReport, "shadow-report", "tessera-shadow-report", "ConfigMap (in --namespace) the shadow keeps its report in: the only object it writes (kubectl tessera shadow reads it).")
 	fs.StringVar(&o.ShadowQueues, "shadow-queues", "", "With --shadow: a YAML file of Queues that replace the cluster's queues of the same name (or are added) in the shadow's decisions.")
+	fs.StringVar(&o.ControllerName, "controller-name", v1alpha1.DefaultControllerName, "Which queues this controller decides (canary queues): those whose root queue's spec.controllerName names it; "+v1alpha1.DefaultControllerName+" (the main controller) also takes the queues that name none. Another name (a canary release) serves no webhooks and takes its own lease, tessera-controller-<name>.tessera.dev.")
 	fs.BoolVar(&o.CheckInstall, "check-install", false, "Check the installation and exit (the Helm chart's `helm test`): DeviceClasses, ResourceSlices, the Queue API and, with --check-install-queue, that the pod webhook gates a queued pod (a dry run in --namespace).")
 	fs.StringVar(&o.CheckInstallQueue, "check-install-queue", "", "Queue the --check-install dry-run pod names; empty skips the webhook check.")
 	fs.StringSliceVar(&o.CheckInstallDeviceClasses, "check-install-device-classes", []string{"gpu.tessera.dev", "mig.tessera.dev", "timeslice.tessera.dev"}, "DeviceClasses --check-install expects.")
@@ -180,6 +188,16 @@ func (o *Options) Complete(changed func(flag string) bool) {
 		o.WebhookPort = 0
 		if !changed("leader-election-id") {
 			o.LeaderElectionID = DefaultShadowLease
+		}
+	}
+	if o.ControllerName != "" && o.ControllerName != v1alpha1.DefaultControllerName {
+		// A canary: the main controller serves the webhooks; a lease of
+		// its own.
+		if !changed("webhook-port") {
+			o.WebhookPort = 0
+		}
+		if !changed("leader-election-id") && !o.Shadow {
+			o.LeaderElectionID = "tessera-controller-" + o.ControllerName + ".tessera.dev"
 		}
 	}
 	if !changed("webhook-host") && o.WebhookConfig != WebhookURL {
@@ -244,6 +262,20 @@ func (o *Options) Validate() error {
 		}
 	} else if o.ShadowQueues != "" {
 		return fmt.Errorf("--shadow-queues needs --shadow")
+	}
+	if o.ControllerName == "" {
+		o.ControllerName = v1alpha1.DefaultControllerName
+	}
+	if errs := validation.IsDNS1123Label(o.ControllerName); len(errs) > 0 {
+		return fmt.Errorf("--controller-name=%q is not a DNS label (%s): use lower-case letters, digits and '-', at most 63", o.ControllerName, strings.Join(errs, "; "))
+	}
+	if o.ControllerName != v1alpha1.DefaultControllerName {
+		if o.WebhookPort != 0 {
+			return fmt.Errorf("--controller-name=%s serves no webhooks (the main controller, --controller-name=%s, serves them for every queue): leave --webhook-port unset or 0", o.ControllerName, v1alpha1.DefaultControllerName)
+		}
+		if o.LeaderElectionID == "tessera-controller.tessera.dev" {
+			return fmt.Errorf("--controller-name=%s must not take the main controller's lease: leave --leader-election-id unset (default tessera-controller-%s.tessera.dev)", o.ControllerName, o.ControllerName)
+		}
 	}
 	if o.ApplyWorkers < 1 {
 		return fmt.Errorf("--apply-workers=%d must be at least 1", o.ApplyWorkers)

@@ -239,6 +239,13 @@ func TestChangeTrigger(t *testing.T) {
 	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "s", Generation: 1}}
 	slice2 := slice.DeepCopy()
 	slice2.Generation = 2
+	// Moving a queue tree to another controller is a spec change: the
+	// API server bumps the generation; a status write does not.
+	q := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "q", Generation: 1}}
+	moved := q.DeepCopy()
+	moved.Spec.ControllerName, moved.Generation = "canary", 2
+	statusOnly := q.DeepCopy()
+	statusOnly.Status.PendingWorkloads = 3
 	for _, c := range []struct {
 		name     string
 		old, new client.Object
@@ -254,6 +261,8 @@ func TestChangeTrigger(t *testing.T) {
 		{"unqueued namespace created", nil, ns, TriggerNamespace, false},
 		{"slice republished", slice, slice2, TriggerSlice, true},
 		{"slice unchanged", slice, slice.DeepCopy(), TriggerSlice, false},
+		{"queue moved to another controller", q, moved, TriggerQueue, true},
+		{"queue status written", q, statusOnly, TriggerQueue, false},
 	} {
 		trig, ok := changeTrigger(c.old, c.new)
 		if ok != c.want || (ok && trig != c.trigger) {

@@ -211,6 +211,12 @@ func (v *QueueValidator) Handle(ctx context.Context, req admission.Request) admi
 	if errs := queue.Validate(q, others); len(errs) > 0 {
 		return admission.Denied(fmt.Sprintf("queue %s: %s", q.Name, strings.Join(errs, "; ")))
 	}
+	// A child naming another controller than its root's is kept (the
+	// root may move next) but not followed: say so now, as its condition
+	// ControllerAssigned will.
+	if o := queue.Owners(append(others, q))[q.Name]; o.Refused != "" {
+		return admission.Allowed("").WithWarnings(fmt.Sprintf("queue %s: %s", q.Name, o.Refused))
+	}
 	return admission.Allowed("")
 }
 

@@ -113,7 +113,23 @@ func TestQueueValidator(t *testing.T) {
 			if (tc.want == "") != resp.Allowed || !strings.Contains(msg, tc.want) {
 				t.Errorf("allowed=%v %q, want %q", resp.Allowed, msg, tc.want)
 			}
+			if len(resp.Warnings) > 0 {
+				t.Errorf("warnings %v", resp.Warnings)
+			}
 		})
+	}
+	// Canary queues: a child naming another controller than its root's is
+	// allowed with a warning that says it is not followed and the fix.
+	split := admissiontest.Queue("team-b", "org", "", "")
+	split.Spec.ControllerName = "canary"
+	resp := v.Handle(ctx, request(t, admissionv1.Create, split.Name, split))
+	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "set spec.controllerName on org") {
+		t.Errorf("a split child: allowed=%v, warnings %v; want allowed with a warning naming the fix", resp.Allowed, resp.Warnings)
+	}
+	root := admissiontest.Queue("lab", "", "", "")
+	root.Spec.ControllerName = "canary"
+	if resp := v.Handle(ctx, request(t, admissionv1.Create, root.Name, root)); !resp.Allowed || len(resp.Warnings) != 0 {
+		t.Errorf("a root naming the canary: allowed=%v, warnings %v", resp.Allowed, resp.Warnings)
 	}
 }
 

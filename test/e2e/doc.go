@@ -35,6 +35,15 @@
 //     a pod holds a share claim: the plugin's pod is replaced, the pod keeps
 //     running, new claims prepare, the old claim unprepares cleanly;
 //   - latency_test.go: pod start latency with and without a share claim;
+//   - canaryqueues_test.go (chart mode): a canary controller release
+//     (controller.canary.enabled) next to the main one; a queue tree moves
+//     to it and back with one field, each pod is admitted by the tree's
+//     controller of the moment, running pods are untouched;
+//   - shadow_test.go (chart mode): a shadow release with its own queue
+//     limit reports the pod the active controller holds as would-admit
+//     (`kubectl tessera shadow`) and its client makes no PATCH or DELETE;
+//   - whatif_test.go: `kubectl tessera what-if -f` names exactly the
+//     pending pods that start when the queues are applied;
 //   - every test that prepares claims checks that deleting the pods
 //     unprepares them: no CDI spec, checkpoint or accounting directory of
 //     theirs is left on the node.

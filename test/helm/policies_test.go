@@ -28,7 +28,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
 		"--values", LocalClusterValues,
 		"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-helm-test/mock-devices",
-		"--set", "webhook.enabled=false", "--timeout", "2m"}
+		"--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true", "--timeout", "2m"}
 	if out, err := runHelm(t, install...); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
@@ -146,6 +146,11 @@ func TestAdmissionPolicies(t *testing.T) {
 	allowed("controller sets its condition", patch(ctl, "team-a", "w", `{"status":{"conditions":[{"type":"tessera.dev/Admission","status":"False","reason":"Waiting","message":"queue default"}]}}`, "status"))
 	allowed("controller admits (gate, pin by node name, annotations)", patch(ctl, "team-a", "w",
 		`{"metadata":{"annotations":{"tessera.dev/admitted-at":"2026-01-01T00:00:00Z","tessera.dev/simulated-node":"n1","tessera.dev/pinned-node":"n1"}},"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchFields":[{"key":"metadata.name","operator":"In","values":["n1"]}]}]}}},"schedulingGates":[{"$patch":"delete","name":"tessera.dev/admission"}]}}`))
+
+	// 1c. Canary queues: the canary controller's service account admits
+	// as the controller's does, under the same limits; any other (here
+	// one with the controller's RBAC) does not.
+	testCanaryAdmits(t, ctx, s, admin, tenant)
 
 	// 1b. Only the controller writes tessera.dev/ annotations (its
 	// decisions) and tessera.dev/ labels other than queue, gang, gang-size;
@@ -527,5 +532,57 @@ func TestNvidiaVisibleDevicesValues(t *testing.T) {
 	}
 	if _, err := runHelm(t, "template", ReleaseName, ChartPath, "--kube-version", kubeVersion, "--set", "admissionPolicies.nvidiaVisibleDevices.exemptNamespaces={Not_A_Name}"); err == nil || !strings.Contains(err.Error(), "exemptNamespaces") {
 		t.Errorf("an exempt namespace that is no namespace name: %v, want an error naming exemptNamespaces", err)
+	}
+}
+
+// testCanaryAdmits: with controller.canary.enabled the policies admit exactly two
+// service accounts, the controller's and the canary's: the canary ungates
+// and writes tessera.dev/ annotations under the controller's limits
+// (policy 8), and a third account with the same RBAC is refused both.
+func testCanaryAdmits(t *testing.T, ctx context.Context, s *apiServer, admin, tenant kubernetes.Interface) {
+	t.Helper()
+	canary := s.impersonate(t, DefaultNamespace, controllerName+"-canary", "")
+	if _, err := admin.CoreV1().ServiceAccounts(DefaultNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "intruder"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "intruder-as-controller"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "intruder", Namespace: DefaultNamespace}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: controllerName},
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	intruder := s.impersonate(t, DefaultNamespace, "intruder", "")
+	for _, name := range []string{"canary-w", "intruder-w"} {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"tessera.dev/queue": "default"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}},
+				SchedulingGates: []corev1.PodSchedulingGate{{Name: "tessera.dev/admission"}}},
+		}
+		if _, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch := func(c kubernetes.Interface, name, p string, sub ...string) error {
+		_, err := c.CoreV1().Pods("team-a").Patch(ctx, name, types.StrategicMergePatchType, []byte(p), metav1.PatchOptions{}, sub...)
+		return err
+	}
+	admit := `{"metadata":{"annotations":{"tessera.dev/admitted-at":"2026-01-01T00:00:00Z","tessera.dev/admitted-by":"canary"}},"spec":{"schedulingGates":[{"$patch":"delete","name":"tessera.dev/admission"}]}}`
+	cond := `{"status":{"conditions":[{"type":"tessera.dev/Admission","status":"True","reason":"Admitted","message":"queue default"}]}}`
+	if err := patch(intruder, "intruder-w", `{"spec":{"schedulingGates":[{"$patch":"delete","name":"tessera.dev/admission"}]}}`); err == nil || !strings.Contains(err.Error(), "only Tessera's controller removes") {
+		t.Errorf("a third service account with the controller's RBAC ungates: %v, want refused by the gate policy", err)
+	}
+	if err := patch(intruder, "intruder-w", `{"metadata":{"annotations":{"tessera.dev/admitted-by":"x"}}}`); err == nil || !strings.Contains(err.Error(), "only Tessera's") {
+		t.Errorf("a third service account writes a tessera.dev/ annotation: %v, want refused", err)
+	}
+	if err := patch(canary, "canary-w", `{"metadata":{"labels":{"evil":"1"}}}`); err == nil || !strings.Contains(err.Error(), "may not change a pod's labels") {
+		t.Errorf("the canary changes a label: %v, want refused as the controller is", err)
+	}
+	if err := patch(canary, "canary-w", cond, "status"); err != nil {
+		t.Errorf("the canary sets its admission condition: %v", err)
+	}
+	if err := patch(canary, "canary-w", admit); err != nil {
+		t.Errorf("the canary admits (gate, annotations): %v", err)
 	}
 }

@@ -60,6 +60,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The canary controller (canary-controller.yaml): its Deployment and ServiceAccount. */}}
+{{- define "tessera.canary.fullname" -}}{{ include "tessera.controller.fullname" . | trunc 56 | trimSuffix "-" }}-canary{{- end -}}
+
+{{/* The service accounts allowed to admit (ungate) and to write tessera.dev/
+keys: the controller's and, with controller.canary.enabled, the canary's; as a JSON list
+of user names for the admission policies. */}}
+{{- define "tessera.controller.usernames" -}}
+{{- $names := list (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "tessera.controller.serviceAccountName" .)) -}}
+{{- if .Values.controller.canary.enabled -}}
+{{- $names = append $names (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "tessera.canary.fullname" .)) -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
 {{/* Webhook objects: the controller is told these names so that it patches exactly them. */}}
 {{- define "tessera.webhook.serviceName" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
 {{- define "tessera.webhook.mutatingName" -}}{{ include "tessera.fullname" . }}-pod-admission{{- end -}}
@@ -133,6 +147,17 @@ config:
 {{- if and .Values.webhook.enabled (not .Values.controller.enabled) -}}
 {{- fail "webhook.enabled=true needs controller.enabled=true: the controller serves the webhooks" -}}
 {{- end -}}
+{{- if .Values.controller.canary.enabled -}}
+{{- if not .Values.controller.enabled -}}
+{{- fail "controller.canary.enabled=true needs controller.enabled=true: the canary decides only the queues that name it, next to the main controller" -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" (toString .Values.controller.canary.controllerName)) -}}
+{{- fail (printf "controller.canary.controllerName=%q is not a DNS label: use lower-case letters, digits and '-', at most 63 (Queue spec.controllerName names it)" (toString .Values.controller.canary.controllerName)) -}}
+{{- end -}}
+{{- if eq .Values.controller.canary.controllerName "default" -}}
+{{- fail "controller.canary.controllerName=default is the main controller's name: pick another, e.g. canary" -}}
+{{- end -}}
+{{- end -}}
 {{- $p := .Values.kubeletPlugin -}}
 {{- if and (eq $p.healthcheck.mode "grpc") $p.hostNetwork $p.seamlessUpgrade -}}
 {{- fail "kubeletPlugin.healthcheck.mode=grpc with hostNetwork: the health port is a host port, which the new pod of a seamless upgrade cannot share with the old one; use healthcheck.mode=exec (the default) or seamlessUpgrade=false" -}}
@@ -148,4 +173,42 @@ config:
 {{/* A component's verbosity: (list override global); 0 is a valid override. */}}
 {{- define "tessera.verbosity" -}}
 {{- if kindIs "invalid" (index . 0) -}}{{ index . 1 }}{{- else -}}{{ index . 0 }}{{- end -}}
+{{- end -}}
+
+{{/* What an admission controller does with the API (the main controller's
+ClusterRole and the canary's): see controller-rbac.yaml. */}}
+{{- define "tessera.controller.rules" -}}
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
+# Evictions (the Eviction API, PodDisruptionBudgets honoured): reclaim
+# (controller.reclaim), idle reclaim (Queue spec.idle: Evict) and pods
+# whose node pin went stale.
+- apiGroups: [""]
+  resources: ["pods/eviction"]
+  verbs: ["create"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
+# The webhook reads the pod's namespace: its queue label, and its labels
+# against the queue's namespaceSelector (from an informer: every pod
+# creation waits for the webhook).
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims", "resourceclaimtemplates", "resourceslices", "deviceclasses", "devicetaintrules"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["tessera.dev"]
+  resources: ["queues"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["tessera.dev"]
+  resources: ["queues/status"]
+  verbs: ["get", "update", "patch"]
 {{- end -}}
