@@ -34,6 +34,11 @@
 //   - upgrade_test.go (chart mode): `helm upgrade` to a changed value while
 //     a pod holds a share claim: the plugin's pod is replaced, the pod keeps
 //     running, new claims prepare, the old claim unprepares cleanly;
+//   - rollback_test.go (chart mode): `helm rollback` of an upgrade of the
+//     plugin and the controller while a claim pod runs and a queued pod
+//     waits: the pod and its claim are untouched, the queued pod stays
+//     gated, admission and prepare resume, the claim the later plugin
+//     prepared unprepares with the earlier one; logs how long it took;
 //   - latency_test.go: pod start latency with and without a share claim;
 //   - every test that prepares claims checks that deleting the pods
 //     unprepares them: no CDI spec, checkpoint or accounting directory of
