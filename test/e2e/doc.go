@@ -39,6 +39,9 @@
 //     waits: the pod and its claim are untouched, the queued pod stays
 //     gated, admission and prepare resume, the claim the later plugin
 //     prepared unprepares with the earlier one; logs how long it took;
+//   - canary_test.go (chart mode): kubeletPlugin.canary; labelling the node
+//     moves it to the canary plugin DaemonSet (which prepares a claim),
+//     removing the label moves it back (the main plugin unprepares it);
 //   - latency_test.go: pod start latency with and without a share claim;
 //   - every test that prepares claims checks that deleting the pods
 //     unprepares them: no CDI spec, checkpoint or accounting directory of
