@@ -56,6 +56,11 @@ func TestCanaryNodes(t *testing.T) {
 	if out := render(t, valueSets[0]); strings.Contains(out, "canary") {
 		t.Error("the default render mentions a canary")
 	}
+	// `helm upgrade --reuse-values` from a release older than the canary
+	// values renders with no canary block at all.
+	if out := render(t, valueSet{name: "no-canary-block", set: []string{"--set", "kubeletPlugin.canary=null"}}); strings.Contains(out, "canary") {
+		t.Error("a render without the canary block mentions a canary")
+	}
 	gpu := map[string]string{"nvidia.com/gpu.present": "true"}
 	nfd := map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true"}
 	with := func(m map[string]string, k, v string) map[string]string {
