@@ -34,6 +34,14 @@
 //   - upgrade_test.go (chart mode): `helm upgrade` to a changed value while
 //     a pod holds a share claim: the plugin's pod is replaced, the pod keeps
 //     running, new claims prepare, the old claim unprepares cleanly;
+//   - rollback_test.go (chart mode): `helm rollback` of an upgrade of the
+//     plugin and the controller while a claim pod runs and a queued pod
+//     waits: the pod and its claim are untouched, the queued pod stays
+//     gated, admission and prepare resume, the claim the later plugin
+//     prepared unprepares with the earlier one; logs how long it took;
+//   - canary_test.go (chart mode): kubeletPlugin.canary; labelling the node
+//     moves it to the canary plugin DaemonSet (which prepares a claim),
+//     removing the label moves it back (the main plugin unprepares it);
 //   - latency_test.go: pod start latency with and without a share claim;
 //   - canaryqueues_test.go (chart mode): a canary controller release
 //     (controller.canary.enabled) next to the main one; a queue tree moves

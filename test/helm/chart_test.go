@@ -902,6 +902,8 @@ func TestSchemaRejects(t *testing.T) {
 		{"two replicas without leader election", []string{"--set", "controller.replicas=2", "--set", "controller.leaderElection.enabled=false"}, "leaderElection"},
 		{"grpc probes on a host port with seamless upgrades", []string{"--set", "kubeletPlugin.healthcheck.mode=grpc", "--set", "kubeletPlugin.hostNetwork=true"}, "use healthcheck.mode=exec"},
 		{"webhook without controller", []string{"--set", "controller.enabled=false"}, "webhook.enabled"},
+		{"canary without seamless upgrades", []string{"--set", "kubeletPlugin.canary.enabled=true", "--set", "kubeletPlugin.seamlessUpgrade=false"}, "canary.enabled=true needs kubeletPlugin.seamlessUpgrade"},
+		{"canary without a node label", []string{"--set", "kubeletPlugin.canary.enabled=true", "--set-string", "kubeletPlugin.canary.nodeLabel="}, "nodeLabel"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -81,11 +81,12 @@ const (
 // chartState is what the harness last installed with helm.
 type chartState struct {
 	installed  bool
-	plugin     bool         // kubeletPlugin.enabled
-	pluginCfg  PluginConfig // its configuration
-	starts     int          // StartAnnotation
-	controller bool         // controller.enabled
-	revision   int          // values files written so far
+	plugin     bool           // kubeletPlugin.enabled
+	pluginCfg  PluginConfig   // its configuration
+	starts     int            // StartAnnotation
+	controller bool           // controller.enabled
+	values     map[string]any // UpgradeChart's values, merged last
+	revision   int            // values files written so far
 }
 
 // builtImage is Tessera's image, built once per cluster.
@@ -396,6 +397,7 @@ func (c *Cluster) chartValues(st chartState) (map[string]any, error) {
 	// The chart refuses webhooks without the controller that serves them.
 	vals := map[string]any{"kubeletPlugin": kp, "controller": ctl, "webhook": map[string]any{"enabled": st.controller}}
 	mergeValues(vals, c.Opts.ChartValues)
+	mergeValues(vals, st.values)
 	return vals, nil
 }
 
@@ -451,7 +453,7 @@ func (c *Cluster) helmInstall(ctx context.Context, st chartState) error {
 	}
 	st.installed = true
 	c.mu.Lock()
-	c.chart = st
+	c.previousChart, c.chart = c.chart, st
 	c.mu.Unlock()
 	c.logf("helm upgrade --install done (%s)", time.Since(start).Round(10*time.Millisecond))
 	return nil
@@ -566,38 +568,60 @@ func (c *Cluster) startPluginChart(ctx context.Context, cfg PluginConfig, restar
 	if restart {
 		st.starts++
 	}
-	old := map[types.UID]bool{}
-	if st.installed {
-		pods, err := c.driverPods(ctx, "kubelet-plugin")
-		if err != nil {
-			return err
-		}
-		for _, p := range pods {
-			old[p.UID] = true
-		}
-	}
-	var oldGeneration int64
-	if ds, err := c.Client.AppsV1().DaemonSets(ChartNamespace).Get(ctx, ChartPluginDaemonSet, metav1.GetOptions{}); err == nil {
-		oldGeneration = ds.Generation
-	} else if !apierrors.IsNotFound(err) {
+	m, err := c.markPlugin(ctx)
+	if err != nil {
 		return err
 	}
-	// The kubelet drops a replaced pod's logs with the pod: keep a copy.
-	c.saveDriverPodLogs()
-	// Only registrations logged after this point count: a stale one from an
-	// earlier plugin pod must not.
-	offset := fileSize(c.LogPath(compKubelet))
 	if err := c.helmInstall(ctx, st); err != nil {
 		return err
 	}
 	c.mu.Lock()
 	c.plugin = cfg
 	c.mu.Unlock()
+	return c.waitPluginRollout(ctx, cfg, m)
+}
+
+// pluginMark is what a plugin rollout is measured against: the plugin pods
+// and DaemonSet generation before it, and the kubelet log's size (only
+// registrations logged after it count).
+type pluginMark struct {
+	old        map[types.UID]bool
+	generation int64
+	kubeletLog int64
+}
+
+// markPlugin records the pluginMark before a helm change; it also saves the
+// plugin pods' logs, which the kubelet drops with a replaced pod.
+func (c *Cluster) markPlugin(ctx context.Context) (pluginMark, error) {
+	m := pluginMark{old: map[types.UID]bool{}}
+	if c.chartState().installed {
+		pods, err := c.driverPods(ctx, "kubelet-plugin")
+		if err != nil {
+			return m, err
+		}
+		for _, p := range pods {
+			m.old[p.UID] = true
+		}
+	}
+	if ds, err := c.Client.AppsV1().DaemonSets(ChartNamespace).Get(ctx, ChartPluginDaemonSet, metav1.GetOptions{}); err == nil {
+		m.generation = ds.Generation
+	} else if !apierrors.IsNotFound(err) {
+		return m, err
+	}
+	c.saveDriverPodLogs()
+	m.kubeletLog = fileSize(c.LogPath(compKubelet))
+	return m, nil
+}
+
+// waitPluginRollout waits, after a helm change, until the DaemonSet runs
+// one up-to-date pod (a new one when the pod template changed since m),
+// the kubelet registered it and it publishes the devices of cfg.
+func (c *Cluster) waitPluginRollout(ctx context.Context, cfg PluginConfig, m pluginMark) error {
 	ds, err := c.Client.AppsV1().DaemonSets(ChartNamespace).Get(ctx, ChartPluginDaemonSet, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("the chart's DaemonSet: %w", err)
 	}
-	rolled := ds.Generation != oldGeneration
+	rolled := ds.Generation != m.generation
 	if !rolled {
 		c.logf("the plugin's pod template did not change: no new pod")
 	}
@@ -617,7 +641,7 @@ func (c *Cluster) startPluginChart(ctx context.Context, cfg PluginConfig, restar
 				return false, err
 			}
 		}
-		if len(pods) != 1 || (rolled && old[pods[0].UID]) {
+		if len(pods) != 1 || (rolled && m.old[pods[0].UID]) {
 			return false, nil
 		}
 		cs := containerStatus(&pods[0], pluginContainer)
@@ -640,7 +664,7 @@ func (c *Cluster) startPluginChart(ctx context.Context, cfg PluginConfig, restar
 					return false, err
 				}
 			}
-			return kubeletLogShowsConnected(c.LogPath(compKubelet), offset), nil
+			return kubeletLogShowsConnected(c.LogPath(compKubelet), m.kubeletLog), nil
 		}); err != nil {
 			return err
 		}
@@ -784,6 +808,13 @@ func (c *Cluster) startControllerChart(ctx context.Context) error {
 			return err
 		}
 	}
+	return c.waitController(ctx)
+}
+
+// waitController waits until the controller's Deployment has rolled out
+// (every replica updated and available) and both webhook configurations
+// carry the controller's CA.
+func (c *Cluster) waitController(ctx context.Context) error {
 	alive := []string{compKubelet, compAPIServer, compContainerd}
 	if err := c.waitFor(ctx, "Deployment "+ChartNamespace+"/"+ChartController+" available", 2*time.Minute, alive, func() (bool, error) {
 		pods, err := c.driverPods(ctx, "controller")

@@ -136,6 +136,9 @@ type Cluster struct {
 	helm  string
 	image *builtImage
 	chart chartState
+	// previousChart is what the install before chart installed: RollbackChart
+	// restores it.
+	previousChart chartState
 }
 
 // Component names; also the names of their pid and log files.

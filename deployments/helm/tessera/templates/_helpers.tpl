@@ -162,6 +162,9 @@ config:
 {{- if and (eq $p.healthcheck.mode "grpc") $p.hostNetwork $p.seamlessUpgrade -}}
 {{- fail "kubeletPlugin.healthcheck.mode=grpc with hostNetwork: the health port is a host port, which the new pod of a seamless upgrade cannot share with the old one; use healthcheck.mode=exec (the default) or seamlessUpgrade=false" -}}
 {{- end -}}
+{{- if and (dig "canary" "enabled" false $p) (not $p.seamlessUpgrade) -}}
+{{- fail "kubeletPlugin.canary.enabled=true needs kubeletPlugin.seamlessUpgrade=true: while a node moves between the main and the canary DaemonSet both plugin pods run there, and only the rolling-update mode lets two pods of one driver serve a node side by side" -}}
+{{- end -}}
 {{- if and .Values.kubeletPlugin.interposer.install.enabled (not .Values.kubeletPlugin.interposer.install.image) -}}
 {{- fail "kubeletPlugin.interposer.install.enabled=true needs kubeletPlugin.interposer.install.image: the image that holds libvgpu.so" -}}
 {{- end -}}
