@@ -82,7 +82,7 @@ type Options struct {
 	ClaimFilesDir string
 	// MPS starts one MPS control daemon per claim in mps mode; nil when
 	// the node does not (then node daemons, Enforce.MPSPipeDir, serve).
-	MPS *mps.Manager
+	MPS mps.Daemons
 	// Model returns the current inventory and device-model configuration.
 	Model  func() (*inventory.Inventory, devicemodel.Config)
 	Status StatusWriter

@@ -577,7 +577,7 @@ func TestMPSPerClaim(t *testing.T) {
 			t.Fatalf("%s: pipe mounts %v, want only %s", c.Name, host, want)
 		}
 		pipes[c.Name] = want
-		if !e.opts.MPS.Running(string(c.UID)) {
+		if !e.opts.MPS.Running(t.Context(), string(c.UID)) {
 			t.Errorf("%s: no daemon", c.Name)
 		}
 	}
@@ -599,7 +599,7 @@ func TestMPSPerClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.start()
-	if !e.opts.MPS.Running(string(a.UID)) {
+	if !e.opts.MPS.Running(t.Context(), string(a.UID)) {
 		t.Fatal("daemon of a not restarted")
 	}
 	cmds, _ = os.ReadFile(filepath.Join(pipes["a"], "commands"))
@@ -611,7 +611,7 @@ func TestMPSPerClaim(t *testing.T) {
 	if _, err := os.Stat(pipes["a"]); !os.IsNotExist(err) {
 		t.Errorf("a's pipe directory left: %v", err)
 	}
-	if !e.opts.MPS.Running(string(b.UID)) {
+	if !e.opts.MPS.Running(t.Context(), string(b.UID)) {
 		t.Error("unprepare of a stopped b's daemon")
 	}
 	e.unprepare(b)
