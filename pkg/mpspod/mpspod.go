@@ -43,8 +43,8 @@ import (
 const (
 	ComponentLabel = "app.kubernetes.io/component"
 	Component      = "mps-daemon"
-	ClaimUIDLabel  = "tessera.dev/claim-uid"
-	NodeLabel      = "tessera.dev/node"
+	ClaimUIDLabel  = "mps.tessera.dev/claim-uid"
+	NodeLabel      = "mps.tessera.dev/node"
 	containerName  = "mps-control-daemon"
 )
 
