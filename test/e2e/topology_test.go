@@ -54,7 +54,9 @@ func (nicPlugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceH
 	return kubeletplugin.ErrHealthNotSupported
 }
 
-func (p nicPlugin) HandleError(_ context.Context, err error, msg string) { p.t.Logf("nic plugin: %s: %v", msg, err) }
+func (p nicPlugin) HandleError(_ context.Context, err error, msg string) {
+	p.t.Logf("nic plugin: %s: %v", msg, err)
+}
 
 // TestTopologyDemo runs demo/topology: an administrator's ResourceSlice of
 // a NIC-like driver with resource.kubernetes.io/pcieRoot values, and a
@@ -103,7 +105,8 @@ func TestTopologyDemo(t *testing.T) {
 	}
 	root := pcieRootOf(t, ctx, gpu)
 	t.Logf("allocated: gpu %s/%s/%s (pcieRoot %s), nic %s/%s", gpu.Driver, gpu.Pool, gpu.Device, root, nicRes.Pool, nicRes.Device)
-	if gpu.Driver != devicemodel.DriverName || root != "pci0000:20" || !(strings.HasPrefix(gpu.Device, "gpu-2") || strings.HasPrefix(gpu.Device, "gpu-3")) {
+	behindNIC := strings.HasPrefix(gpu.Device, "gpu-2") || strings.HasPrefix(gpu.Device, "gpu-3")
+	if gpu.Driver != devicemodel.DriverName || root != "pci0000:20" || !behindNIC {
 		t.Errorf("request gpu got %s/%s with pcieRoot %q, want a share of gpu-2 or gpu-3 (pci0000:20, nic-0's root)", gpu.Driver, gpu.Device, root)
 	}
 
