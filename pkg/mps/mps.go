@@ -75,6 +75,12 @@ type Daemons interface {
 	Stop(ctx context.Context, uid string) error
 }
 
+// Located is implemented by Daemons that run a claim's daemon somewhere
+// worth recording (a Pod): Where names it, e.g. namespace/name.
+type Located interface {
+	Where(uid string) string
+}
+
 // Dirs is the layout of the per-claim directories under Root:
 // <Root>/<uid>/pipe, <Root>/<uid>/log and the ready file <Root>/<uid>/ready
 // (written by a daemon pod once its limits are set; outside the pipe

@@ -113,6 +113,11 @@ func (d *Daemons) dirs() mps.Dirs { return mps.Dirs{Root: d.Root} }
 // Dir is Root.
 func (d *Daemons) Dir() string { return d.Root }
 
+// Where is the claim's daemon Pod, namespace/name.
+func (d *Daemons) Where(uid string) string { return d.Namespace + "/" + PodName(uid) }
+
+var _ mps.Located = (*Daemons)(nil)
+
 // PipeDir is the claim's pipe directory on the host.
 func (d *Daemons) PipeDir(uid string) string { return d.dirs().PipeDir(uid) }
 

@@ -645,6 +645,9 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 			return nil, err
 		}
 		rec.MPS = mpsRecord(pipe, *res.MPS)
+		if l, ok := p.opts.MPS.(mps.Located); ok {
+			rec.MPS.Pod = l.Where(rec.UID)
+		}
 	}
 	control, err := p.opts.Nodes.Control()
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
 
@@ -690,6 +691,44 @@ func TestComputeDefault(t *testing.T) {
 				t.Errorf("%d status entries, want 1", seen)
 			}
 			e.unprepare(tt.claim)
+			e.assertClean()
+		})
+	}
+}
+
+// locatedDaemons is an in-process daemon runner that says where a claim's
+// daemon runs, as the daemon pods do.
+type locatedDaemons struct{ mps.Manager }
+
+func (locatedDaemons) Where(uid string) string { return "tessera-system/tessera-mps-" + uid }
+
+// TestMPSDaemonLocationRecorded: the checkpoint records where a claim's
+// daemon runs when the runner says (a daemon pod), and nothing otherwise.
+func TestMPSDaemonLocationRecorded(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		located bool
+	}{{"daemon pods", true}, {"in process", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, withMPSPerClaim())
+			if tc.located {
+				e.opts.MPS = locatedDaemons{Manager: *e.opts.MPS.(*mps.Manager)}
+				e.start()
+			}
+			c := withConfig(claim("a", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClaim, nil, `"enforcement":"mps"`)
+			e.prepare(c)
+			rec := e.p.record(string(c.UID))
+			if rec == nil || rec.MPS == nil {
+				t.Fatalf("record %+v: no MPS daemon recorded", rec)
+			}
+			want := ""
+			if tc.located {
+				want = "tessera-system/tessera-mps-" + string(c.UID)
+			}
+			if rec.MPS.Pod != want {
+				t.Errorf("recorded daemon pod %q, want %q", rec.MPS.Pod, want)
+			}
+			e.unprepare(c)
 			e.assertClean()
 		})
 	}
