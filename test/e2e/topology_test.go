@@ -67,12 +67,17 @@ func (p nicPlugin) HandleError(_ context.Context, err error, msg string) {
 func TestTopologyDemo(t *testing.T) {
 	usePlugin(t, localcluster.PluginConfig{Profile: "t4:4"})
 	ctx := t.Context()
+	dataDir := filepath.Join(localcluster.KubeletRootDir, "plugins", nicDriver)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dataDir) })
 	helper, err := kubeletplugin.Start(ctx, nicPlugin{t},
 		kubeletplugin.DriverName(nicDriver),
 		kubeletplugin.KubeClient(cluster.Client),
 		kubeletplugin.NodeName(localcluster.NodeName),
 		kubeletplugin.RegistrarDirectoryPath(filepath.Join(localcluster.KubeletRootDir, "plugins_registry")),
-		kubeletplugin.PluginDataDirectoryPath(filepath.Join(localcluster.KubeletRootDir, "plugins", nicDriver)))
+		kubeletplugin.PluginDataDirectoryPath(dataDir))
 	if err != nil {
 		t.Fatalf("the stand-in NIC kubelet plugin: %v", err)
 	}
