@@ -13,10 +13,14 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/cli"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/plugin"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == mps.DaemonCommand {
+		os.Exit(mpsDaemon(os.Args[2:]))
+	}
 	var opts plugin.Options
 	fs := pflag.NewFlagSet("kubelet-plugin", pflag.ContinueOnError)
 	opts.AddFlags(fs)
@@ -42,4 +46,24 @@ func main() {
 		klog.Flush()
 		os.Exit(1)
 	}
+}
+
+// mpsDaemon is the main process of a claim's MPS daemon pod (see package
+// mpspod).
+func mpsDaemon(args []string) int {
+	d, err := mps.ParseDaemon(args, os.Environ(), os.Stderr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet-plugin %s: %v\n", mps.DaemonCommand, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx = klog.NewContext(ctx, klog.Background())
+	if err := d.Run(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet-plugin %s: %v\n", mps.DaemonCommand, err)
+		klog.Flush()
+		return 1
+	}
+	klog.Flush()
+	return 0
 }

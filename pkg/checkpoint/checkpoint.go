@@ -116,6 +116,9 @@ type MPS struct {
 	// Devices and ThreadPercent are its daemon-side limits.
 	Devices       []MPSDevice `json:"devices"`
 	ThreadPercent int         `json:"threadPercent,omitempty"`
+	// Pod is the daemon's Pod (namespace/name) when the daemon runs in a
+	// Pod of its own; empty when it runs in the plugin's process.
+	Pod string `json:"pod,omitempty"`
 }
 
 // MPSDevice is a GPU an MPS daemon serves with its memory limit.

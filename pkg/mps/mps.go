@@ -58,28 +58,98 @@ func (l Limits) Commands() []string {
 	return out
 }
 
-// Manager starts and stops per-claim daemons under Root.
+// Daemons runs the per-claim daemons, in the plugin's own process
+// (Manager) or in pods of their own (package mpspod). Every method is
+// idempotent.
+type Daemons interface {
+	// Dir holds one directory per claim with a daemon (<Dir>/<claimUID>).
+	Dir() string
+	// PipeDir is the claim's pipe directory on the host.
+	PipeDir(uid string) string
+	// Start runs the claim's daemon with its limits, or finds it running,
+	// and returns its pipe directory once the limits are set.
+	Start(ctx context.Context, uid string, l Limits) (string, error)
+	// Running says whether the claim's daemon serves.
+	Running(ctx context.Context, uid string) bool
+	// Stop ends the claim's daemon and removes its directories.
+	Stop(ctx context.Context, uid string) error
+}
+
+// Located is implemented by Daemons that run a claim's daemon somewhere
+// worth recording (a Pod): Where names it, e.g. namespace/name.
+type Located interface {
+	Where(uid string) string
+}
+
+// Dirs is the layout of the per-claim directories under Root:
+// <Root>/<uid>/pipe, <Root>/<uid>/log and the ready file <Root>/<uid>/ready
+// (written by a daemon pod once its limits are set; outside the pipe
+// directory, which the claim's containers mount).
+type Dirs struct{ Root string }
+
+// PipeDir is the claim's pipe directory on the host.
+func (d Dirs) PipeDir(uid string) string { return filepath.Join(d.Root, uid, "pipe") }
+
+// LogDir is the claim's daemon log directory on the host.
+func (d Dirs) LogDir(uid string) string { return filepath.Join(d.Root, uid, "log") }
+
+// ClaimDir holds the claim's pipe and log directories.
+func (d Dirs) ClaimDir(uid string) string { return filepath.Join(d.Root, uid) }
+
+// ReadyFile is written by a daemon pod once its limits are set.
+func (d Dirs) ReadyFile(uid string) string { return filepath.Join(d.Root, uid, "ready") }
+
+// Env is the daemon's environment: its pipe and log directories and the
+// GPUs it serves.
+func (d Dirs) Env(uid string, devices []Device) []string {
+	uuids := make([]string, 0, len(devices))
+	for _, dev := range devices {
+		uuids = append(uuids, dev.UUID)
+	}
+	return []string{
+		"CUDA_MPS_PIPE_DIRECTORY=" + d.PipeDir(uid),
+		"CUDA_MPS_LOG_DIRECTORY=" + d.LogDir(uid),
+		"CUDA_VISIBLE_DEVICES=" + strings.Join(uuids, ","),
+	}
+}
+
+// Make creates the claim's pipe and log directories; the pipe directory
+// is world-writable because the claim's containers may run as any user
+// and must open the pipes.
+func (d Dirs) Make(uid string) error {
+	pipe := d.PipeDir(uid)
+	for _, dir := range []string{pipe, d.LogDir(uid)} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	return os.Chmod(pipe, 0o777)
+}
+
+// Remove removes the claim's directories.
+func (d Dirs) Remove(uid string) error {
+	if err := os.RemoveAll(d.ClaimDir(uid)); err != nil {
+		return fmt.Errorf("remove the MPS directories of claim %s: %w", uid, err)
+	}
+	return nil
+}
+
+// Manager starts and stops per-claim daemons under Root as children of the
+// plugin's own process.
 type Manager struct {
 	Root    string
 	Control Control
 }
 
+var _ Daemons = Manager{}
+
+// Dir is Root.
+func (m Manager) Dir() string { return m.Root }
+
 // PipeDir is the claim's pipe directory on the host.
-func (m Manager) PipeDir(uid string) string { return filepath.Join(m.Root, uid, "pipe") }
+func (m Manager) PipeDir(uid string) string { return Dirs{m.Root}.PipeDir(uid) }
 
-func (m Manager) logDir(uid string) string { return filepath.Join(m.Root, uid, "log") }
-
-func (m Manager) env(uid string, devices []Device) []string {
-	uuids := make([]string, 0, len(devices))
-	for _, d := range devices {
-		uuids = append(uuids, d.UUID)
-	}
-	return []string{
-		"CUDA_MPS_PIPE_DIRECTORY=" + m.PipeDir(uid),
-		"CUDA_MPS_LOG_DIRECTORY=" + m.logDir(uid),
-		"CUDA_VISIBLE_DEVICES=" + strings.Join(uuids, ","),
-	}
-}
+func (m Manager) env(uid string, devices []Device) []string { return Dirs{m.Root}.Env(uid, devices) }
 
 // Start runs the claim's daemon with its limits; what an earlier start
 // left is stopped first.
@@ -88,13 +158,7 @@ func (m Manager) Start(ctx context.Context, uid string, l Limits) (string, error
 		return "", err
 	}
 	pipe := m.PipeDir(uid)
-	for _, dir := range []string{pipe, m.logDir(uid)} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return "", err
-		}
-	}
-	// The claim's containers may run as any user and must open the pipes.
-	if err := os.Chmod(pipe, 0o777); err != nil {
+	if err := (Dirs{m.Root}).Make(uid); err != nil {
 		return "", err
 	}
 	env := m.env(uid, l.Devices)
@@ -110,7 +174,7 @@ func (m Manager) Start(ctx context.Context, uid string, l Limits) (string, error
 }
 
 // Running says whether the claim's daemon has its control pipe.
-func (m Manager) Running(uid string) bool {
+func (m Manager) Running(_ context.Context, uid string) bool {
 	_, err := os.Stat(filepath.Join(m.PipeDir(uid), "control"))
 	return err == nil
 }
@@ -118,7 +182,7 @@ func (m Manager) Running(uid string) bool {
 // Stop quits the claim's daemon, if one runs, and removes its
 // directories. A claim without one is fine.
 func (m Manager) Stop(ctx context.Context, uid string) error {
-	if m.Running(uid) {
+	if m.Running(ctx, uid) {
 		if err := m.Control.Send(ctx, m.env(uid, nil), []string{"quit"}); err != nil {
 			// A control pipe left by a daemon that is gone (a reboot, a
 			// crash) cannot be quit; without its pipe directory no client
@@ -128,10 +192,7 @@ func (m Manager) Stop(ctx context.Context, uid string) error {
 			klog.FromContext(ctx).V(2).Info("Stopped MPS control daemon", "claim", uid)
 		}
 	}
-	if err := os.RemoveAll(filepath.Join(m.Root, uid)); err != nil {
-		return fmt.Errorf("remove the MPS directories of claim %s: %w", uid, err)
-	}
-	return nil
+	return Dirs{m.Root}.Remove(uid)
 }
 
 // Exec runs the real nvidia-cuda-mps-control binary.

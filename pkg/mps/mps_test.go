@@ -53,8 +53,8 @@ exit 0
 			if err != nil {
 				t.Fatal(err)
 			}
-			if pipe != filepath.Join(m.Root, "uid-1", "pipe") || !m.Running("uid-1") {
-				t.Fatalf("pipe %s, running %v", pipe, m.Running("uid-1"))
+			if pipe != filepath.Join(m.Root, "uid-1", "pipe") || !m.Running(t.Context(), "uid-1") {
+				t.Fatalf("pipe %s, running %v", pipe, m.Running(t.Context(), "uid-1"))
 			}
 			ctl, _ := os.ReadFile(filepath.Join(pipe, "control"))
 			for _, w := range []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + filepath.Join(m.Root, "uid-1", "log"), "CUDA_VISIBLE_DEVICES=" + gpu0} {
@@ -70,7 +70,7 @@ exit 0
 			if _, err := m.Start(ctx, "uid-1", lim); err != nil {
 				t.Fatal(err)
 			}
-			if !m.Running("uid-1") {
+			if !m.Running(t.Context(), "uid-1") {
 				t.Error("not running after restart")
 			}
 			// Another claim has its own pipe directory.
@@ -82,7 +82,7 @@ exit 0
 				if err := m.Stop(ctx, uid); err != nil {
 					t.Fatal(err)
 				}
-				if m.Running(uid) {
+				if m.Running(t.Context(), uid) {
 					t.Errorf("%s still running", uid)
 				}
 				if _, err := os.Stat(filepath.Join(m.Root, uid)); !os.IsNotExist(err) {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,6 +33,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/mps"
+	"github.com/tessera-dev/tessera/pkg/mpspod"
 	"github.com/tessera-dev/tessera/pkg/prepare"
 	"github.com/tessera-dev/tessera/pkg/publish"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
@@ -328,12 +330,9 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 		klog.FromContext(ctx).Info("Warning: accounting directories are not size-limited tmpfs mounts; the plugin cannot mount", "err", err)
 		acct.Unbounded = true
 	}
-	var mpsManager *mps.Manager
-	if o.MPSControl != "" {
-		mpsManager = &mps.Manager{Root: filepath.Join(o.PluginDataDir, mpsDir), Control: mps.Exec{Path: o.MPSControl}}
-		if d.backend.Mock != nil {
-			mpsManager.Control = mps.Fake{}
-		}
+	mpsDaemons, err := d.mpsDaemons()
+	if err != nil {
+		return nil, err
 	}
 	files, err := d.driverFiles(ctx)
 	if err != nil {
@@ -355,8 +354,8 @@ func (d *Driver) newPreparer(ctx context.Context, bo backend.Options) (*prepare.
 			}
 		},
 		TimeSlice:     timeslice.NewManager(setter),
-		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement), MPSPerClaim: mpsManager != nil},
-		MPS:           mpsManager,
+		Enforce:       enforce.Node{InterposerLibrary: o.InterposerLibrary, MPSPipeDir: o.MPSPipeDir, MinEnforcement: v1alpha1.EnforcementMode(o.MinEnforcement), MPSPerClaim: mpsDaemons != nil},
+		MPS:           mpsDaemons,
 		AccountingDir: acct.Root, AccountingSize: acct.Size, AccountingUnbounded: acct.Unbounded,
 		ClaimFilesDir: filepath.Join(o.PluginDataDir, claimFilesDir),
 		Model: func() (*inventory.Inventory, devicemodel.Config) {
@@ -580,4 +579,41 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
 	return kubernetes.NewForConfig(cfg)
+}
+
+// mpsDaemons returns what runs the per-claim MPS daemons: nil without
+// --mps-control, the plugin's own process or a Pod per claim.
+func (d *Driver) mpsDaemons() (mps.Daemons, error) {
+	o := d.opts
+	if o.MPSControl == "" {
+		return nil, nil
+	}
+	root := filepath.Join(o.PluginDataDir, mpsDir)
+	if o.MPSMode != MPSPod {
+		m := mps.Manager{Root: root, Control: mps.Exec{Path: o.MPSControl}}
+		if d.backend.Mock != nil {
+			m.Control = mps.Fake{}
+		}
+		return m, nil
+	}
+	control := o.MPSControl
+	if d.backend.Mock != nil {
+		control = mps.FakeControl
+	}
+	cfg := mpspod.Config{
+		Namespace:           o.MPSDaemonNamespace,
+		NodeName:            o.NodeName,
+		Image:               o.MPSDaemonImage,
+		ImagePullPolicy:     corev1.PullPolicy(o.MPSDaemonPullPolicy),
+		Binary:              o.MPSDaemonBinary,
+		Control:             control,
+		DriverRoot:          o.DriverRoot,
+		ContainerDriverRoot: o.ContainerDriverRoot,
+		Root:                root,
+		PriorityClassName:   o.MPSDaemonPriorityClass,
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &mpspod.Daemons{Config: cfg, Client: d.client}, nil
 }

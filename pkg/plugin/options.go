@@ -20,6 +20,12 @@ import (
 	"github.com/tessera-dev/tessera/pkg/health"
 )
 
+// The values of --mps-mode.
+const (
+	MPSInProcess = "inprocess"
+	MPSPod       = "pod"
+)
+
 // Options are the kubelet plugin's command-line options.
 type Options struct {
 	NodeName       string
@@ -69,6 +75,16 @@ type Options struct {
 	// MPSControl is nvidia-cuda-mps-control: when set, the plugin runs one
 	// MPS control daemon per claim in mps mode (the mock backend fakes it).
 	MPSControl string
+	// MPSMode is where the per-claim daemons run: inprocess (children of
+	// the plugin) or pod (a Pod per claim, package mpspod).
+	MPSMode string
+	// MPSDaemonNamespace, MPSDaemonImage, MPSDaemonBinary and
+	// MPSDaemonPriorityClass configure the daemon Pods (MPSMode pod).
+	MPSDaemonNamespace     string
+	MPSDaemonImage         string
+	MPSDaemonPullPolicy    string
+	MPSDaemonBinary        string
+	MPSDaemonPriorityClass string
 	// AccountingTmpfs makes each claim's accounting directory a tmpfs;
 	// the mounts must reach the container runtime (same mount namespace,
 	// or a shared, Bidirectional plugin data directory).
@@ -147,6 +163,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
 	fs.StringVar(&o.MinEnforcement, "min-enforcement", "none", "The node's enforcement floor: none, mps or interposer (weakest first). A share or time slice whose effective enforcement is weaker (the claim asked for less, or this node lacks --interposer-library or an MPS daemon) fails to prepare; MIG devices and whole GPUs satisfy every floor. A DeviceClass's GpuConfig.minEnforcement can raise it per class.")
+	fs.StringVar(&o.MPSMode, "mps-mode", MPSInProcess, "Where the per-claim MPS control daemons of --mps-control run: inprocess (children of the plugin's process; a plugin restart restarts them) or pod (one Pod per claim in --mps-daemon-namespace, bound to this node, created at prepare and deleted at unprepare; a plugin restart, upgrade or crash leaves it running).")
+	fs.StringVar(&o.MPSDaemonNamespace, "mps-daemon-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the MPS daemon pods (--mps-mode=pod); defaults to $POD_NAMESPACE, the plugin's own.")
+	fs.StringVar(&o.MPSDaemonImage, "mps-daemon-image", "", "Image of the MPS daemon pods (--mps-mode=pod): the plugin's own image, whose --mps-daemon-binary runs the daemon.")
+	fs.StringVar(&o.MPSDaemonPullPolicy, "mps-daemon-image-pull-policy", "IfNotPresent", "Pull policy of the MPS daemon pods' image: Always, IfNotPresent or Never.")
+	fs.StringVar(&o.MPSDaemonBinary, "mps-daemon-binary", "/usr/bin/kubelet-plugin", "The kubelet-plugin binary in --mps-daemon-image.")
+	fs.StringVar(&o.MPSDaemonPriorityClass, "mps-daemon-priority-class", "", "PriorityClass of the MPS daemon pods; empty for none.")
 	fs.StringVar(&o.MPSControl, "mps-control", "", "Path of nvidia-cuda-mps-control (e.g. /usr/bin/nvidia-cuda-mps-control on the driver root). When set, every claim in mps mode gets its own MPS control daemon, started by the plugin with the claim's limits set on the daemon side, and only that claim's containers mount its pipe directory; --mps-pipe-dir is then not used. With --gpu-backend=mock any value (e.g. fake) selects an in-process fake daemon.")
 	fs.BoolVar(&o.AccountingTmpfs, "accounting-tmpfs", true, "Make each claim's accounting directory a size-limited tmpfs (--accounting-size). The mounts must reach the container runtime: run the plugin in the host's mount namespace, or mount --plugin-data-dir with Bidirectional propagation (which needs a shared host mount). False: plain directories without a size limit.")
 	fs.StringVar(&o.AccountingSize, "accounting-size", "16Mi", "Size limit of each claim's accounting tmpfs (the interposer's CUDA_DEVICE_MEMORY_SHARED_CACHE directory, <plugin-data-dir>/accounting/<claimUID>). Where the plugin may not mount, plain directories without a limit are used and a warning is logged.")
@@ -235,6 +257,23 @@ func (o *Options) Validate() error {
 	}
 	if o.ContainerDriverRoot != "" && o.DriverRoot == "" {
 		return fmt.Errorf("--container-driver-root needs --driver-root: say where the driver is on the host")
+	}
+	switch o.MPSMode {
+	case "", MPSInProcess:
+	case MPSPod:
+		if o.MPSControl == "" {
+			return fmt.Errorf("--mps-mode=pod needs --mps-control: the path of nvidia-cuda-mps-control in the daemon pods, or fake with mock GPUs")
+		}
+		if o.MPSDaemonNamespace == "" || o.MPSDaemonImage == "" {
+			return fmt.Errorf("--mps-mode=pod needs --mps-daemon-namespace (or $POD_NAMESPACE) and --mps-daemon-image (the plugin's image)")
+		}
+		switch o.MPSDaemonPullPolicy {
+		case "Always", "IfNotPresent", "Never":
+		default:
+			return fmt.Errorf("--mps-daemon-image-pull-policy=%s is not supported: use Always, IfNotPresent or Never", o.MPSDaemonPullPolicy)
+		}
+	default:
+		return fmt.Errorf("--mps-mode=%s is not supported: use inprocess or pod", o.MPSMode)
 	}
 	if o.RescanInterval < time.Second {
 		return fmt.Errorf("--rescan-interval=%s is too short: use at least 1s", o.RescanInterval)

@@ -22,6 +22,16 @@ func TestValidateDriverFlags(t *testing.T) {
 		{"relative container dev root", func(o *Options) { o.ContainerDevRoot = "host" }, "--container-dev-root"},
 		{"relative hook", func(o *Options) { o.NvidiaCDIHookPath = "nvidia-cdi-hook" }, "--nvidia-cdi-hook-path"},
 		{"container root without host root", func(o *Options) { o.ContainerDriverRoot = "/driver-root" }, "needs --driver-root"},
+		{"mps daemons in process", func(o *Options) { o.MPSControl, o.MPSMode = "fake", MPSInProcess }, ""},
+		{"mps daemon pods", func(o *Options) {
+			o.MPSControl, o.MPSMode, o.MPSDaemonNamespace, o.MPSDaemonImage, o.MPSDaemonPullPolicy = "fake", MPSPod, "tessera-system", "tessera:dev", "Never"
+		}, ""},
+		{"unknown mps mode", func(o *Options) { o.MPSMode = "sidecar" }, "--mps-mode=sidecar"},
+		{"mps daemon pods without control", func(o *Options) { o.MPSMode = MPSPod }, "needs --mps-control"},
+		{"mps daemon pods without image", func(o *Options) { o.MPSControl, o.MPSMode, o.MPSDaemonNamespace = "fake", MPSPod, "ns" }, "--mps-daemon-image"},
+		{"mps daemon pods, bad pull policy", func(o *Options) {
+			o.MPSControl, o.MPSMode, o.MPSDaemonNamespace, o.MPSDaemonImage, o.MPSDaemonPullPolicy = "fake", MPSPod, "ns", "i", "Sometimes"
+		}, "--mps-daemon-image-pull-policy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base()

@@ -82,7 +82,7 @@ type Options struct {
 	ClaimFilesDir string
 	// MPS starts one MPS control daemon per claim in mps mode; nil when
 	// the node does not (then node daemons, Enforce.MPSPipeDir, serve).
-	MPS *mps.Manager
+	MPS mps.Daemons
 	// Model returns the current inventory and device-model configuration.
 	Model  func() (*inventory.Inventory, devicemodel.Config)
 	Status StatusWriter
@@ -645,6 +645,9 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 			return nil, err
 		}
 		rec.MPS = mpsRecord(pipe, *res.MPS)
+		if l, ok := p.opts.MPS.(mps.Located); ok {
+			rec.MPS.Pod = l.Where(rec.UID)
+		}
 	}
 	control, err := p.opts.Nodes.Control()
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/enforce"
 	"github.com/tessera-dev/tessera/pkg/inventory"
 	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/timeslice"
 )
 
@@ -577,7 +578,7 @@ func TestMPSPerClaim(t *testing.T) {
 			t.Fatalf("%s: pipe mounts %v, want only %s", c.Name, host, want)
 		}
 		pipes[c.Name] = want
-		if !e.opts.MPS.Running(string(c.UID)) {
+		if !e.opts.MPS.Running(t.Context(), string(c.UID)) {
 			t.Errorf("%s: no daemon", c.Name)
 		}
 	}
@@ -599,7 +600,7 @@ func TestMPSPerClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.start()
-	if !e.opts.MPS.Running(string(a.UID)) {
+	if !e.opts.MPS.Running(t.Context(), string(a.UID)) {
 		t.Fatal("daemon of a not restarted")
 	}
 	cmds, _ = os.ReadFile(filepath.Join(pipes["a"], "commands"))
@@ -611,7 +612,7 @@ func TestMPSPerClaim(t *testing.T) {
 	if _, err := os.Stat(pipes["a"]); !os.IsNotExist(err) {
 		t.Errorf("a's pipe directory left: %v", err)
 	}
-	if !e.opts.MPS.Running(string(b.UID)) {
+	if !e.opts.MPS.Running(t.Context(), string(b.UID)) {
 		t.Error("unprepare of a stopped b's daemon")
 	}
 	e.unprepare(b)
@@ -690,6 +691,44 @@ func TestComputeDefault(t *testing.T) {
 				t.Errorf("%d status entries, want 1", seen)
 			}
 			e.unprepare(tt.claim)
+			e.assertClean()
+		})
+	}
+}
+
+// locatedDaemons is an in-process daemon runner that says where a claim's
+// daemon runs, as the daemon pods do.
+type locatedDaemons struct{ mps.Manager }
+
+func (locatedDaemons) Where(uid string) string { return "tessera-system/tessera-mps-" + uid }
+
+// TestMPSDaemonLocationRecorded: the checkpoint records where a claim's
+// daemon runs when the runner says (a daemon pod), and nothing otherwise.
+func TestMPSDaemonLocationRecorded(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		located bool
+	}{{"daemon pods", true}, {"in process", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, withMPSPerClaim())
+			if tc.located {
+				e.opts.MPS = locatedDaemons{Manager: *e.opts.MPS.(*mps.Manager)}
+				e.start()
+			}
+			c := withConfig(claim("a", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClaim, nil, `"enforcement":"mps"`)
+			e.prepare(c)
+			rec := e.p.record(string(c.UID))
+			if rec == nil || rec.MPS == nil {
+				t.Fatalf("record %+v: no MPS daemon recorded", rec)
+			}
+			want := ""
+			if tc.located {
+				want = "tessera-system/tessera-mps-" + string(c.UID)
+			}
+			if rec.MPS.Pod != want {
+				t.Errorf("recorded daemon pod %q, want %q", rec.MPS.Pod, want)
+			}
+			e.unprepare(c)
 			e.assertClean()
 		})
 	}

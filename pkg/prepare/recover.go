@@ -249,7 +249,7 @@ func (p *Preparer) restore(ctx context.Context, c *checkpoint.Claim) {
 	if err := p.ensurePreloadFile(ctx, c); err != nil {
 		logger.Error(err, "Could not restore the ld.so.preload of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name))
 	}
-	if c.MPS != nil && p.opts.MPS != nil && !p.opts.MPS.Running(c.UID) {
+	if c.MPS != nil && p.opts.MPS != nil && !p.opts.MPS.Running(ctx, c.UID) {
 		// The daemon did not survive (a node daemon restart, a plugin
 		// container restart): start it again with the recorded limits.
 		if _, err := p.opts.MPS.Start(ctx, c.UID, mpsLimits(c.MPS)); err != nil {
@@ -305,7 +305,7 @@ func (p *Preparer) orphans() (map[string]string, error) {
 		}
 	}
 	if p.opts.MPS != nil {
-		entries, err := os.ReadDir(p.opts.MPS.Root)
+		entries, err := os.ReadDir(p.opts.MPS.Dir())
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return out, err
 		}

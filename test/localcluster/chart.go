@@ -327,6 +327,8 @@ var pluginFlagValues = map[string]struct {
 	"--rescan-interval":    {[]string{"rescanInterval"}, "string"},
 	"--interposer-library": {[]string{"interposerLibrary"}, "string"},
 	"--mps-pipe-dir":       {[]string{"mpsPipeDir"}, "string"},
+	"--mps-control":        {[]string{"mpsControl"}, "string"},
+	"--mps-mode":           {[]string{"mps", "mode"}, "string"},
 	"-v":                   {[]string{"logVerbosity"}, "int"},
 	"--v":                  {[]string{"logVerbosity"}, "int"},
 }
