@@ -100,8 +100,7 @@ func TestCanaryNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cs := p.Status.ContainerStatuses; p.UID != before.UID || p.Status.Phase != corev1.PodRunning || len(cs) != 1 || cs[0].State.Running == nil ||
-		cs[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || cs[0].RestartCount != 0 {
+	if !sameContainerRunning(before, p) {
 		t.Errorf("after the moves pod on-canary is %s, containers %+v; want the same container still running", p.Status.Phase, p.Status.ContainerStatuses)
 	}
 	for _, f := range files {

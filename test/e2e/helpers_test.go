@@ -111,6 +111,14 @@ func busyboxPod(name string, command ...string) *corev1.Pod {
 	}
 }
 
+// sameContainerRunning says whether now is still the pod it was before,
+// running the same container with no restart: what "undisturbed" means.
+func sameContainerRunning(before, now *corev1.Pod) bool {
+	b, n := before.Status.ContainerStatuses, now.Status.ContainerStatuses
+	return now.UID == before.UID && now.Status.Phase == corev1.PodRunning && len(b) == 1 && len(n) == 1 &&
+		n[0].State.Running != nil && n[0].ContainerID == b[0].ContainerID && n[0].RestartCount == 0
+}
+
 // waitFor polls check every 250ms until it returns true or timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, check func(ctx context.Context) (bool, error)) {
 	t.Helper()

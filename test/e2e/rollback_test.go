@@ -111,8 +111,7 @@ func TestHelmRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cs := p.Status.ContainerStatuses; p.UID != before.UID || p.Status.Phase != corev1.PodRunning || len(cs) != 1 || cs[0].State.Running == nil ||
-		cs[0].ContainerID != before.Status.ContainerStatuses[0].ContainerID || cs[0].RestartCount != 0 {
+	if !sameContainerRunning(before, p) {
 		t.Errorf("after the rollback pod running is %s (uid %s), containers %+v; want uid %s, container %s still running, no restart",
 			p.Status.Phase, p.UID, p.Status.ContainerStatuses, before.UID, before.Status.ContainerStatuses[0].ContainerID)
 	}

@@ -283,23 +283,28 @@ func TestLint(t *testing.T) {
 func TestGolden(t *testing.T) {
 	for _, vs := range valueSets {
 		t.Run(vs.name, func(t *testing.T) {
-			out := render(t, vs)
-			golden := filepath.Join(repoRoot(t), "test/helm/testdata", vs.name+".golden.yaml")
-			if *update {
-				if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run `make helm-update` or `go test ./test/helm -update` to create it)", err)
-			}
-			if string(want) != out {
-				t.Errorf("render of %q differs from %s (if the change is intended: `make helm-update`):\n%s",
-					vs.name, golden, diff(string(want), out))
-			}
+			checkGolden(t, vs.name, render(t, vs))
 		})
+	}
+}
+
+// checkGolden compares a render with testdata/<name>.golden.yaml, or
+// rewrites that file under -update.
+func checkGolden(t *testing.T, name, out string) {
+	t.Helper()
+	golden := filepath.Join(repoRoot(t), "test/helm/testdata", name+".golden.yaml")
+	if *update {
+		if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run `make helm-update` or `go test ./test/helm -update` to create it)", err)
+	}
+	if string(want) != out {
+		t.Errorf("render %q differs from %s (if the change is intended: `make helm-update`):\n%s", name, golden, diff(string(want), out))
 	}
 }
 

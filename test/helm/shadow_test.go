@@ -1,8 +1,6 @@
 package helm
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -22,20 +20,7 @@ func TestShadowGolden(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
-	golden := filepath.Join(repoRoot(t), "test/helm/testdata/shadow.golden.yaml")
-	if *update {
-		if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run `go test ./test/helm -update` to create it)", err)
-	}
-	if string(want) != out {
-		t.Errorf("render differs from %s (if intended: `go test ./test/helm -update`):\n%s", golden, diff(string(want), out))
-	}
+	checkGolden(t, "shadow", out)
 }
 
 // TestShadowController: one value installs a second Deployment in shadow

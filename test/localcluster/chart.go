@@ -570,6 +570,13 @@ func (c *Cluster) startPluginChart(ctx context.Context, cfg PluginConfig, restar
 	if restart {
 		st.starts++
 	}
+	return c.installPlugin(ctx, st, func(m pluginMark) error { return c.waitPluginRollout(ctx, cfg, m) })
+}
+
+// installPlugin installs st, whose plugin configuration is st.pluginCfg,
+// and then waits for what it rolled out with wait, given the plugin's
+// state before the install.
+func (c *Cluster) installPlugin(ctx context.Context, st chartState, wait func(pluginMark) error) error {
 	m, err := c.markPlugin(ctx)
 	if err != nil {
 		return err
@@ -578,9 +585,9 @@ func (c *Cluster) startPluginChart(ctx context.Context, cfg PluginConfig, restar
 		return err
 	}
 	c.mu.Lock()
-	c.plugin = cfg
+	c.plugin = st.pluginCfg
 	c.mu.Unlock()
-	return c.waitPluginRollout(ctx, cfg, m)
+	return wait(m)
 }
 
 // pluginMark is what a plugin rollout is measured against: the plugin pods

@@ -28,17 +28,7 @@ func (c *Cluster) UpgradeChart(ctx context.Context, cfg PluginConfig, values map
 		cfg.Profile = DefaultProfile
 	}
 	st.pluginCfg, st.values = cfg, values
-	m, err := c.markPlugin(ctx)
-	if err != nil {
-		return err
-	}
-	if err := c.helmInstall(ctx, st); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	c.plugin = cfg
-	c.mu.Unlock()
-	return c.waitChart(ctx, st, m)
+	return c.installPlugin(ctx, st, func(m pluginMark) error { return c.waitChart(ctx, st, m) })
 }
 
 // RollbackChart runs `helm rollback` of the release to the revision before
