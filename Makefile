@@ -19,8 +19,8 @@ build:
 	$(GO) build -o $(BIN)/controller ./cmd/controller
 	$(GO) build -o $(BIN)/kubectl-tessera ./cmd/kubectl-tessera
 
-## test: vet, golangci-lint, upstream binaries (cached), unit tests with -race, bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
-test: vet lint verify-generated cluster-build unit fuzz bench-smoke helm-lint e2e
+## test: vet, golangci-lint, upstream binaries and helm (cached), unit tests with -race (a test that skips fails the run unless .ci/allowed-skips names it), bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
+test: vet lint verify-generated cluster-build helm-bin unit fuzz bench-smoke helm-lint e2e
 
 ## generate: regenerate the deep-copy code and the CRDs from api/ (controller-gen), and the chart's copy of the CRDs
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
@@ -53,7 +53,7 @@ $(GOLANGCI_LINT):
 
 ## unit: unit and integration tests (no cluster), with the race detector
 unit:
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	set -o pipefail; $(GO) test -json -race -count=1 -timeout 20m $(PKGS) | $(GO) run ./hack/noskip --allow .ci/allowed-skips
 
 ## alerts-test: the chart's alert rules under `promtool test rules` (promtool built into ~/.cache/tessera once; also part of unit)
 alerts-test:

@@ -26,4 +26,4 @@ cluster-status:
 
 ## e2e: end-to-end tests; they bring their own cluster up and down
 e2e:
-	TESSERA_PROFILE=$(TESSERA_PROFILE) go test -tags e2e -count=1 ./test/e2e/... -v -timeout $(E2E_TIMEOUT)
+	set -o pipefail; TESSERA_PROFILE=$(TESSERA_PROFILE) go test -json -tags e2e -count=1 ./test/e2e/... -timeout $(E2E_TIMEOUT) | go run ./hack/noskip --stream --allow .ci/allowed-skips
