@@ -191,3 +191,28 @@ func TestNoTablePrintedTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestArchitectureNamesEveryPackage: docs/architecture.md places every
+// package under pkg/ on its map, and names no package that is gone.
+func TestArchitectureNamesEveryPackage(t *testing.T) {
+	doc := read(t, "docs/architecture.md")
+	entries, err := os.ReadDir(filepath.Join(root, "pkg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		have[e.Name()] = true
+		if !strings.Contains(doc, "`pkg/"+e.Name()+"`") {
+			t.Errorf("docs/architecture.md does not place pkg/%s: add it to the table of its path", e.Name())
+		}
+	}
+	for _, m := range regexp.MustCompile("`pkg/([a-z0-9]+)`").FindAllStringSubmatch(doc, -1) {
+		if !have[m[1]] {
+			t.Errorf("docs/architecture.md names pkg/%s, which does not exist", m[1])
+		}
+	}
+}
