@@ -4,7 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -12,10 +14,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/admission"
 	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/demand"
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
@@ -293,10 +297,18 @@ var hostileSteps = flag.Int("hostile-steps", 40, "steps per sequence of TestHost
 // the same in both, so whatever hostile work is pending, a workload that
 // fits is admitted in the same cycle as without it. TestFaultIsolation
 // checks one such case by hand.
+//
+// The seeds take turns over the allocator's feature sets under which
+// Tessera's devices can be allocated (FeatureSets: every Kubernetes
+// version the controller supports), so the shortcuts are held to the
+// exact placement for each.
 func TestHostileProperty(t *testing.T) {
-	for seed := range max(*propertySeeds/2, 1) {
-		t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
-			runHostile(t, uint64(seed), *hostileSteps)
+	sets := FeatureSets()
+	names := slices.Sorted(maps.Keys(sets))
+	for seed := range max(*propertySeeds/2, len(names)) {
+		name := names[seed%len(names)]
+		t.Run(fmt.Sprintf("seed-%d-%s", seed, name), func(t *testing.T) {
+			runHostile(t, uint64(seed), *hostileSteps, sets[name])
 		})
 	}
 }
@@ -307,11 +319,11 @@ func FuzzHostileCycles(f *testing.F) {
 	f.Add(uint64(1), uint8(20))
 	f.Add(uint64(7), uint8(60))
 	f.Fuzz(func(t *testing.T, seed uint64, steps uint8) {
-		runHostile(t, seed, int(steps)%80+1)
+		runHostile(t, seed, int(steps)%80+1, allocation.SchedulerFeatures)
 	})
 }
 
-func runHostile(t *testing.T, seed uint64, steps int) {
+func runHostile(t *testing.T, seed uint64, steps int, features structured.Features) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	hostile := hostileTemplates()
 	var hostileNames []string
@@ -325,6 +337,7 @@ func runHostile(t *testing.T, seed uint64, steps int) {
 	for i := range worlds {
 		c := cfg()
 		c.ExactPlacement = i == 1
+		c.Features = features
 		w := newWorld(t, c)
 		w.node("n0", NodeOptions{Profile: "h100-80gb:2"})
 		w.node("n1", NodeOptions{Profile: "l4:2", TimeSlices: 2})

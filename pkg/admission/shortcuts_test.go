@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
@@ -26,7 +27,37 @@ import (
 // selectors, pods with two claims) on MIG nodes through a placer with the
 // shortcuts and one without (ExactPlacement), and requires the very same
 // allocation results, device by device, at every step.
+//
+// It runs for every feature set the controller's allocator can have
+// (--kubernetes-version or the API server's version, and
+// --scheduler-feature-gates), since the shortcuts lean on how the
+// allocator behaves under them: the defaults of 1.34 to 1.37, and 1.34
+// and 1.35 with the three gates docs/compatibility.md asks for. With the
+// defaults of 1.34 and 1.35 nothing Tessera publishes can be allocated
+// (the test checks that too); every other set must exercise the shortcuts.
 func TestShortcutsPlaceAsExact(t *testing.T) {
+	for minor := allocation.OldestSupported; minor <= allocation.NewestKnown; minor++ {
+		version := fmt.Sprintf("v1.%d.0", minor)
+		defaults, err := allocation.FeaturesFor(version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		usable := admissiontest.Usable(defaults)
+		t.Run(version, func(t *testing.T) { shortcutsPlaceAsExact(t, defaults, usable) })
+		if !usable {
+			withGates, err := allocation.Override(defaults, admissiontest.Gates)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Run(version+"+gates", func(t *testing.T) { shortcutsPlaceAsExact(t, withGates, true) })
+		}
+	}
+}
+
+// shortcutsPlaceAsExact is TestShortcutsPlaceAsExact for one feature set.
+// usable: Tessera's devices can be allocated under it, and the sequences
+// must exercise every shortcut; else nothing may be placed.
+func shortcutsPlaceAsExact(t *testing.T, features structured.Features, usable bool) {
 	var nodes []*corev1.Node
 	var all []*resourceapi.ResourceSlice
 	for i, o := range []admissiontest.NodeOptions{{Profile: "h100-80gb:2", MIG: true}, {Profile: "a100-40gb:2", MIG: true}, {Profile: "l4:2", TimeSlices: 3}} {
@@ -45,8 +76,8 @@ func TestShortcutsPlaceAsExact(t *testing.T) {
 	for seed := range uint64(12) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		ctx := context.Background()
-		fast := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), false, nil)
-		exact := newPlacer(nodes, all, admissiontest.Classes(), allocation.SchedulerFeatures, cel.NewCache(100, cel.Features{}), true, nil)
+		fast := newPlacer(nodes, all, admissiontest.Classes(), features, cel.NewCache(100, cel.Features{}), false, nil)
+		exact := newPlacer(nodes, all, admissiontest.Classes(), features, cel.NewCache(100, cel.Features{}), true, nil)
 		// Each placer releases its own results: the share IDs differ.
 		type held struct {
 			node        int
@@ -103,6 +134,12 @@ func TestShortcutsPlaceAsExact(t *testing.T) {
 	t.Logf("placed %d, failed %d, shared failures %d, calls without selectors %d (confirmed for config: %d)", placed, failed, shared, stripped, confirmed)
 	// The sequences must exercise both outcomes, the shared failures and
 	// the calls without selectors.
+	if !usable {
+		if placed != 0 {
+			t.Errorf("placed %d claims with features under which Tessera's devices cannot be allocated", placed)
+		}
+		return
+	}
 	if placed < 100 || failed < 100 || shared < 50 || stripped < 100 || confirmed < 20 {
 		t.Errorf("placed %d, failed %d, shared failures %d, calls without selectors %d (confirmed %d): the sequences do not exercise the shortcuts", placed, failed, shared, stripped, confirmed)
 	}
