@@ -38,13 +38,15 @@ func TestCanaryGolden(t *testing.T) {
 // with the default GPU affinity and with the user's own); without canary
 // nothing changes.
 func TestCanaryNodes(t *testing.T) {
-	if out := render(t, valueSets[0]); strings.Contains(out, "canary") {
-		t.Error("the default render mentions a canary")
+	// The plugin's canary DaemonSet and its pods' component label.
+	const canaryPlugin = "kubelet-plugin-canary"
+	if out := render(t, valueSets[0]); strings.Contains(out, canaryPlugin) {
+		t.Error("the default render has a canary plugin")
 	}
 	// `helm upgrade --reuse-values` from a release older than the canary
 	// values renders with no canary block at all.
-	if out := render(t, valueSet{name: "no-canary-block", set: []string{"--set", "kubeletPlugin.canary=null"}}); strings.Contains(out, "canary") {
-		t.Error("a render without the canary block mentions a canary")
+	if out := render(t, valueSet{name: "no-canary-block", set: []string{"--set", "kubeletPlugin.canary=null"}}); strings.Contains(out, canaryPlugin) {
+		t.Error("a render without the canary block has a canary plugin")
 	}
 	gpu := map[string]string{"nvidia.com/gpu.present": "true"}
 	nfd := map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true"}
