@@ -20,7 +20,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/tessera-dev/tessera/hack/image/imagebuild"
+	"github.com/tessera-dev/tessera/test/imagebuild"
 )
 
 func main() {

@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/tessera-dev/tessera/hack/demo/scenario"
+	"github.com/tessera-dev/tessera/test/scenario"
 )
 
 // The demo scenarios (demo/<name>, run by `make demo`), asserted through the

@@ -22,7 +22,7 @@
 //
 // What is covered:
 //   - demo_test.go: each scenario of demo/ (the same YAML `make demo` runs,
-//     through hack/demo/scenario): placement read from the claims'
+//     through test/scenario): placement read from the claims'
 //     allocation, and the containers' environment (limits equal to the
 //     allocation, visible device UUIDs, enforcement mode) and the claim's
 //     status.devices data;

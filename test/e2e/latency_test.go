@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/tessera-dev/tessera/hack/demo/scenario"
+	"github.com/tessera-dev/tessera/test/scenario"
 )
 
 // latencyPods is how many pods of each kind TestPodStartLatency starts.

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/hack/demo/scenario"
+	"github.com/tessera-dev/tessera/test/scenario"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

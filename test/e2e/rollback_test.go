@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/hack/demo/scenario"
+	"github.com/tessera-dev/tessera/test/scenario"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-dev/tessera/hack/demo/scenario"
+	"github.com/tessera-dev/tessera/test/scenario"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

@@ -26,7 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-dev/tessera/hack/image/imagebuild"
+	"github.com/tessera-dev/tessera/test/imagebuild"
 	"github.com/tessera-dev/tessera/pkg/driverfiles/fixture"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/test/helm"

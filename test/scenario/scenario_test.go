@@ -20,7 +20,7 @@ import (
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	root, err := filepath.Abs("../../..")
+	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}

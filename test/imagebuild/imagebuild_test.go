@@ -21,7 +21,7 @@ import (
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := filepath.Abs("../../..")
+	dir, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
