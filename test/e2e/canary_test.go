@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-dev/tessera/test/scenario"
 	"github.com/tessera-dev/tessera/test/localcluster"
+	"github.com/tessera-dev/tessera/test/scenario"
 )
 
 const canaryNodeLabel = "tessera.dev/plugin-canary"

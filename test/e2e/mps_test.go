@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/test/scenario"
 	"github.com/tessera-dev/tessera/test/localcluster"
+	"github.com/tessera-dev/tessera/test/scenario"
 )
 
 // TestMPSPerClaim: with --mps-control (the mock backend's fake daemon) two

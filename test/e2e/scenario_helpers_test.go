@@ -20,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-dev/tessera/test/scenario"
 	"github.com/tessera-dev/tessera/test/localcluster"
+	"github.com/tessera-dev/tessera/test/scenario"
 )
 
 // defaultPlugin is the configuration tests without special needs run with.

@@ -13,9 +13,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tessera-dev/tessera/test/scenario"
 	"github.com/tessera-dev/tessera/test/helm"
 	"github.com/tessera-dev/tessera/test/localcluster"
+	"github.com/tessera-dev/tessera/test/scenario"
 )
 
 // TestHelmUpgrade: `helm upgrade` of the release to a changed value

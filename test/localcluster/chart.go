@@ -26,10 +26,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-dev/tessera/test/imagebuild"
 	"github.com/tessera-dev/tessera/pkg/driverfiles/fixture"
 	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/test/helm"
+	"github.com/tessera-dev/tessera/test/imagebuild"
 )
 
 // InstallMode says how Tessera's kubelet plugin and controller run in the
