@@ -7,6 +7,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
@@ -23,23 +24,7 @@ func TestCanaryController(t *testing.T) {
 	}
 	objs := renderTyped(t, canaryControllerValues)
 	name := controllerName + "-canary"
-	d := get[*appsv1.Deployment](t, objs, "Deployment", name)
-	c := container(t, d.Spec.Template.Spec, "canary-controller")
-	for _, arg := range []string{"--controller-name=next", "--webhook-port=0", "--reclaim=false", "--leader-elect=true", "--leader-election-id=tessera-controller-next.tessera.dev"} {
-		if !hasArg(c, arg) {
-			t.Errorf("canary args %v lack %s", c.Args, arg)
-		}
-	}
-	if !strings.HasSuffix(c.Image, ":v0.9.0-rc1") {
-		t.Errorf("canary image %s, want its own tag", c.Image)
-	}
-	if d.Spec.Template.Spec.ServiceAccountName != name {
-		t.Errorf("service account %q, want its own %q", d.Spec.Template.Spec.ServiceAccountName, name)
-	}
-	active := get[*appsv1.Deployment](t, objs, "Deployment", controllerName)
-	if d.Spec.Selector.MatchLabels["app.kubernetes.io/component"] == active.Spec.Selector.MatchLabels["app.kubernetes.io/component"] {
-		t.Error("the canary's pods match the main controller's selector (and its webhook Service)")
-	}
+	c := checkSecondController(t, objs, name, "canary-controller", "--controller-name=next", "--webhook-port=0", "--reclaim=false", "--leader-elect=true", "--leader-election-id=tessera-controller-next.tessera.dev")
 	cr := get[*rbacv1.ClusterRole](t, objs, "ClusterRole", name)
 	for _, r := range cr.Rules {
 		if slices.Contains(r.APIGroups, "admissionregistration.k8s.io") {
@@ -68,4 +53,31 @@ func TestCanaryController(t *testing.T) {
 	if out, err := runHelm(t, append([]string{"template", ReleaseName, ChartPath, "--kube-version", kubeVersion}, "--set", "controller.canary.enabled=true", "--set", "controller.canary.controllerName=default")...); err == nil || !strings.Contains(out+err.Error(), "main controller's name") {
 		t.Errorf("controller.canary.controllerName=default: %v %s", err, out)
 	}
+}
+
+// checkSecondController checks what a second controller Deployment of the
+// release (the canary, the shadow) must have of its own: the arguments,
+// the image tag the test values set (v0.9.0-rc1), its ServiceAccount, and
+// a pod selector the main controller's (and its webhook Service's) does
+// not share. It returns the controller container.
+func checkSecondController(t *testing.T, objs map[string]any, name, containerName string, args ...string) corev1.Container {
+	t.Helper()
+	d := get[*appsv1.Deployment](t, objs, "Deployment", name)
+	c := container(t, d.Spec.Template.Spec, containerName)
+	for _, arg := range args {
+		if !hasArg(c, arg) {
+			t.Errorf("%s args %v lack %s", name, c.Args, arg)
+		}
+	}
+	if !strings.HasSuffix(c.Image, ":v0.9.0-rc1") {
+		t.Errorf("%s image %s, want its own tag", name, c.Image)
+	}
+	if d.Spec.Template.Spec.ServiceAccountName != name {
+		t.Errorf("service account %q, want its own %q", d.Spec.Template.Spec.ServiceAccountName, name)
+	}
+	active := get[*appsv1.Deployment](t, objs, "Deployment", controllerName)
+	if d.Spec.Selector.MatchLabels["app.kubernetes.io/component"] == active.Spec.Selector.MatchLabels["app.kubernetes.io/component"] {
+		t.Errorf("%s's pods match the main controller's selector (and its webhook Service)", name)
+	}
+	return c
 }

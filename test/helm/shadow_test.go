@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
@@ -32,23 +31,7 @@ func TestShadowController(t *testing.T) {
 	}
 	objs := renderTyped(t, shadowValues)
 	name := controllerName + "-shadow"
-	d := get[*appsv1.Deployment](t, objs, "Deployment", name)
-	c := container(t, d.Spec.Template.Spec, "shadow-controller")
-	for _, arg := range []string{"--shadow", "--webhook-port=0", "--reclaim=false", "--leader-election-id=" + name + ".tessera.dev", "--shadow-queues=/etc/tessera-shadow/queues.yaml"} {
-		if !hasArg(c, arg) {
-			t.Errorf("shadow args %v lack %s", c.Args, arg)
-		}
-	}
-	if !strings.HasSuffix(c.Image, ":v0.9.0-rc1") {
-		t.Errorf("shadow image %s, want its own tag", c.Image)
-	}
-	if d.Spec.Template.Spec.ServiceAccountName != name {
-		t.Errorf("service account %q, want its own %q", d.Spec.Template.Spec.ServiceAccountName, name)
-	}
-	active := get[*appsv1.Deployment](t, objs, "Deployment", controllerName)
-	if d.Spec.Selector.MatchLabels["app.kubernetes.io/component"] == active.Spec.Selector.MatchLabels["app.kubernetes.io/component"] {
-		t.Error("the shadow's pods match the active controller's selector (and its webhook Service)")
-	}
+	c := checkSecondController(t, objs, name, "shadow-controller", "--shadow", "--webhook-port=0", "--reclaim=false", "--leader-election-id="+name+".tessera.dev", "--shadow-queues=/etc/tessera-shadow/queues.yaml")
 	cr := get[*rbacv1.ClusterRole](t, objs, "ClusterRole", name)
 	for _, r := range cr.Rules {
 		for _, v := range r.Verbs {
