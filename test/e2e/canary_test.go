@@ -33,9 +33,7 @@ const canaryNodeLabel = "tessera.dev/plugin-canary"
 // ResourceSlices stay published across both moves. Chart mode only; the
 // local cluster has one node, so both moves happen on it.
 func TestCanaryNodes(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("TESSERA_INSTALL=host: the driver runs as host processes, there are no DaemonSets")
-	}
+	requireChart(t, "the driver runs as host processes, there are no DaemonSets")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
 	canaryValues := map[string]any{"kubeletPlugin": map[string]any{"canary": map[string]any{"enabled": true}}}

@@ -57,14 +57,10 @@ func setCanary(t *testing.T, ctx context.Context, on bool) {
 // that names a controller nobody runs keeps its pods gated (no one else
 // decides them) until it is moved back.
 func TestCanaryQueues(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("the canary controller is a chart value (controller.canary.enabled): needs TESSERA_INSTALL=chart")
-	}
+	requireChart(t, "the canary controller is a chart value (controller.canary.enabled): needs TESSERA_INSTALL=chart")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	setCanary(t, ctx, true)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

@@ -38,9 +38,7 @@ echo "smi=$(test -x /usr/bin/nvidia-smi && echo yes || echo no)"
 // driver's libcuda.so.<version> (same bytes), the ld cache lists it and
 // nvidia-smi is there; a pod without a claim sees none of it.
 func TestDriverFilesInEveryClaim(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("the fixture driver root is wired through the chart (chart install mode)")
-	}
+	requireChart(t, "the fixture driver root is wired through the chart (chart install mode)")
 	usePlugin(t, localcluster.PluginConfig{Profile: "t4:1,h100-80gb:1", Args: []string{"--mock-mig=all", "--time-slices=2"}})
 	v := nvmlmock.DefaultDriverVersion
 	want := "/" + fixture.LibDir + "/libcuda.so." + v

@@ -30,14 +30,10 @@ import (
 // 5.33 of 8); factor 3 gives 1/4 and 1 (1/5 and 4/5); usageWeighting off
 // gives an even split. Checked on both resources, polling the status.
 func TestTimeBasedFairShare(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("TESSERA_INSTALL=host: the history interval is set by the chart's local-cluster values")
-	}
+	requireChart(t, "the history interval is set by the chart's local-cluster values")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	parent := func(weighting string) string {
 		return "metadata: {name: tfs-research}\nspec:\n  fairSharing: {usageWeighting: " + weighting + "}\n"
 	}

@@ -33,9 +33,7 @@ import (
 func TestDeviceHealthTaints(t *testing.T) {
 	usePlugin(t, localcluster.PluginConfig{Profile: localcluster.DefaultProfile, Args: []string{"--health-recovery-hold-down=5s"}})
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	dataDir := filepath.Join(localcluster.KubeletRootDir, "plugins", localcluster.DriverName)
 	if _, err := os.Stat(dataDir); err != nil {
 		t.Fatalf("the plugin's data directory: %v", err)

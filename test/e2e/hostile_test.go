@@ -27,9 +27,7 @@ import (
 func TestHostileAdmission(t *testing.T) {
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	admin := cluster.Client
 	ns, other := newNamespace(t), newNamespace(t)
 	label := func(n string, kv map[string]string) {

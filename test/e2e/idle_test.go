@@ -28,9 +28,7 @@ import (
 func TestIdleReclaim(t *testing.T) {
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	queue := "idle-e2e"
 	f := filepath.Join(t.TempDir(), "queue.yaml")
 	writeQueue := func(action v1alpha1.IdleAction) {

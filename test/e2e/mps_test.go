@@ -108,9 +108,7 @@ var mpsPodPlugin = localcluster.PluginConfig{Profile: localcluster.DefaultProfil
 // a new claim; deleting the tenant pods deletes their daemon pods and
 // directories. Chart mode only.
 func TestMPSDaemonPods(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("TESSERA_INSTALL=host: daemon pods run the chart's image")
-	}
+	requireChart(t, "daemon pods run the chart's image")
 	usePlugin(t, mpsPodPlugin)
 	ctx := t.Context()
 	ns := newNamespace(t)

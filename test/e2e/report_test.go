@@ -119,14 +119,10 @@ func claimHeld(t *testing.T, ns, name string) held {
 // container's exit and the pod's phase reaching the controller (10 s
 // covers both on this cluster; the test logs the real error).
 func TestUsageReport(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("TESSERA_INSTALL=host: the history interval is set by the chart's local-cluster values")
-	}
+	requireChart(t, "the history interval is set by the chart's local-cluster values")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	const queue = "report-e2e"
 	applyQueues(t, "metadata: {name: "+queue+"}\nspec: {}\n")
 

@@ -32,14 +32,10 @@ import (
 // and the controller are ready) and the time until the first admission
 // after it are logged. Chart mode only.
 func TestHelmRollback(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("TESSERA_INSTALL=host: the driver runs as host processes, there is no release to roll back")
-	}
+	requireChart(t, "the driver runs as host processes, there is no release to roll back")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	const queue = "rollback-e2e"
 	applyYAML(t, "apiVersion: tessera.dev/v1alpha1\nkind: Queue\nmetadata: {name: "+queue+"}\nspec:\n  resources:\n    gpu.tessera.dev/memory: {limit: 2Gi}\n")
 	ns := newNamespace(t)

@@ -73,14 +73,10 @@ func metricSum(text, name string, want ...string) float64 {
 // refused nothing, and the API server refused it at most the Event
 // controller-runtime records on election.
 func TestShadowController(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("the shadow controller is a chart value (shadow.enabled): needs TESSERA_INSTALL=chart")
-	}
+	requireChart(t, "the shadow controller is a chart value (shadow.enabled): needs TESSERA_INSTALL=chart")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	applyYAML(t, `apiVersion: tessera.dev/v1alpha1
 kind: Queue
 metadata: {name: shadow-a}

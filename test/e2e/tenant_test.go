@@ -34,9 +34,7 @@ type attack struct {
 func TestTenantAttacks(t *testing.T) {
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	ns, managed := newNamespace(t), newNamespace(t)
 	admin := cluster.Client
 	// The tenant's queue takes only its namespaces and holds one 1Gi share;

@@ -26,9 +26,7 @@ import (
 // unprepares its claim cleanly (no CDI spec, checkpoint entry or accounting
 // directory left). Chart mode only.
 func TestHelmUpgrade(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("TESSERA_INSTALL=host: the driver runs as host processes, there is no release to upgrade")
-	}
+	requireChart(t, "the driver runs as host processes, there is no release to upgrade")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
 	ns := newNamespace(t)
@@ -128,14 +126,10 @@ func TestHelmUpgrade(t *testing.T) {
 // Queue API and the pod webhook gating a queued pod (dry run). Chart mode
 // only.
 func TestHelmTestHook(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("TESSERA_INSTALL=host: there is no release to test")
-	}
+	requireChart(t, "there is no release to test")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	out, err := cluster.Helm(ctx, "test", helm.ReleaseName, "--namespace", helm.DefaultNamespace, "--logs", "--timeout", "3m")
 	if err != nil {
 		t.Fatalf("helm test failed: %v", err)

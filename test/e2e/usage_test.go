@@ -30,14 +30,10 @@ import (
 // top` all show 4Gi allocated and 1Gi used. Chart mode (the plugin's
 // metrics port comes from the chart's local-cluster values).
 func TestUsageAllocatedVsUsed(t *testing.T) {
-	if !cluster.ChartMode() {
-		t.Skip("TESSERA_INSTALL=host: the metrics address is the chart's")
-	}
+	requireChart(t, "the metrics address is the chart's")
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	queue := "usage-e2e"
 	f := filepath.Join(t.TempDir(), "queue.yaml")
 	if err := os.WriteFile(f, []byte("apiVersion: tessera.dev/v1alpha1\nkind: Queue\nmetadata: {name: "+queue+"}\nspec: {}\n"), 0o644); err != nil {

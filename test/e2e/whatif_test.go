@@ -25,9 +25,7 @@ import (
 func TestWhatIfPredicts(t *testing.T) {
 	usePlugin(t, defaultPlugin)
 	ctx := t.Context()
-	if err := cluster.StartController(ctx); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	startController(t)
 	queue := func(limit string) string {
 		return fmt.Sprintf("apiVersion: tessera.dev/v1alpha1\nkind: Queue\nmetadata: {name: whatif-a}\nspec:\n  resources:\n    gpu.tessera.dev/memory: {quota: %s, limit: %s}\n", limit, limit)
 	}
