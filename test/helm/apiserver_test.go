@@ -40,6 +40,23 @@ type apiServer struct {
 	config     *rest.Config
 }
 
+// installChart runs `helm upgrade --install` of the chart into the API
+// server with the local-cluster values, mock devices and extra, and fails
+// the test if it does not install; it returns the arguments (to install
+// again with more).
+func (s *apiServer) installChart(t *testing.T, extra ...string) []string {
+	t.Helper()
+	install := append([]string{"upgrade", "--install", ReleaseName, ChartPath,
+		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
+		"--values", LocalClusterValues,
+		"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-helm-test/mock-devices",
+		"--timeout", "2m"}, extra...)
+	if out, err := runHelm(t, install...); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	return install
+}
+
 // upstreamBinary finds a binary the local-cluster harness built
 // (<cache>/bin/<component>-<version>/<name>), newest version first.
 func upstreamBinary(component, name string) string {
@@ -279,18 +296,11 @@ func TestInstallIntoAPIServer(t *testing.T) {
 	// free port nothing listens on), so this API server dials nothing but
 	// loopback; the queue webhook's Ignore lets the default Queue in.
 	webhookPort := freePort(t)
-	install := []string{"upgrade", "--install", ReleaseName, ChartPath,
-		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
-		"--values", LocalClusterValues,
-		"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-helm-test/mock-devices",
+	install := s.installChart(t,
 		"--set", fmt.Sprintf("webhook.port=%d", webhookPort),
 		"--set-string", fmt.Sprintf("webhook.url=https://127.0.0.1:%d", webhookPort),
 		"--set", "deviceClasses.extendedResourceName.enabled=true",
-		"--set-string", "deviceClasses.defaults.enforcement=auto",
-		"--timeout", "2m"}
-	if out, err := runHelm(t, install...); err != nil {
-		t.Fatalf("helm install: %v\n%s", err, out)
-	}
+		"--set-string", "deviceClasses.defaults.enforcement=auto")
 
 	// Everything is there, the CEL compiled.
 	ds, err := admin.AppsV1().DaemonSets(DefaultNamespace).Get(ctx, pluginName, metav1.GetOptions{})

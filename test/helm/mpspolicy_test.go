@@ -21,15 +21,8 @@ import (
 // directory, privileged, or with an API token.
 func TestMPSDaemonPodPolicy(t *testing.T) {
 	s, ctx, admin := chartAPIServer(t)
-	install := []string{"upgrade", "--install", ReleaseName, ChartPath,
-		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
-		"--values", LocalClusterValues,
-		"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-helm-test/mock-devices",
-		"--set-string", "kubeletPlugin.mpsControl=fake", "--set-string", "kubeletPlugin.mps.mode=pod",
-		"--set", "webhook.enabled=false", "--timeout", "2m"}
-	if out, err := runHelm(t, install...); err != nil {
-		t.Fatalf("helm install: %v\n%s", err, out)
-	}
+	s.installChart(t, "--set-string", "kubeletPlugin.mpsControl=fake", "--set-string", "kubeletPlugin.mps.mode=pod",
+		"--set", "webhook.enabled=false")
 	ds, err := admin.AppsV1().DaemonSets(DefaultNamespace).Get(ctx, pluginName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

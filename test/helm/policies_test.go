@@ -24,14 +24,7 @@ import (
 // `edit` role, as the controller and as the kubelet plugin.
 func TestAdmissionPolicies(t *testing.T) {
 	s, ctx, admin := chartAPIServer(t)
-	install := []string{"upgrade", "--install", ReleaseName, ChartPath,
-		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
-		"--values", LocalClusterValues,
-		"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-helm-test/mock-devices",
-		"--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true", "--timeout", "2m"}
-	if out, err := runHelm(t, install...); err != nil {
-		t.Fatalf("helm install: %v\n%s", err, out)
-	}
+	install := s.installChart(t, "--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true")
 
 	// A tenant: a ServiceAccount with what `edit` gives on pods and claims
 	// in its namespace (the built-in `edit` is an aggregated role, and no

@@ -28,16 +28,9 @@ import (
 func TestWebhooksInAPIServer(t *testing.T) {
 	s, ctx, _ := chartAPIServer(t)
 	port := freePort(t)
-	install := []string{"upgrade", "--install", ReleaseName, ChartPath,
-		"--kubeconfig", s.kubeconfig, "--namespace", DefaultNamespace, "--create-namespace",
-		"--values", LocalClusterValues,
-		"--set-string", "kubeletPlugin.mock.deviceRoot=/var/lib/tessera-helm-test/mock-devices",
+	s.installChart(t,
 		"--set", fmt.Sprintf("webhook.port=%d", port),
-		"--set-string", fmt.Sprintf("webhook.url=https://127.0.0.1:%d", port),
-		"--timeout", "2m"}
-	if out, err := runHelm(t, install...); err != nil {
-		t.Fatalf("helm install: %v\n%s", err, out)
-	}
+		"--set-string", fmt.Sprintf("webhook.url=https://127.0.0.1:%d", port))
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
