@@ -36,31 +36,26 @@ func ControllerOf(name string) string {
 // so a child that names another controller is refused (Owner.Refused
 // says why and how to fix it) and stays with its root's.
 func Owners(queues []*v1alpha1.Queue) map[string]Owner {
+	tree := NewTree(queues)
 	byName := make(map[string]*v1alpha1.Queue, len(queues))
+	parents := make(map[string]string, len(queues))
 	for _, q := range queues {
-		byName[q.Name] = q
+		byName[q.Name], parents[q.Name] = q, q.Spec.Parent
 	}
 	out := make(map[string]Owner, len(queues))
 	for _, q := range queues {
-		root := q
-		seen := map[string]bool{q.Name: true}
-		cycle := false
-		for root.Spec.Parent != "" {
-			p := byName[root.Spec.Parent]
-			if p == nil {
-				break // a missing parent: the queue is invalid, its tree starts here
-			}
-			if seen[p.Name] {
-				cycle = true
-				break
-			}
-			seen[p.Name] = true
-			root = p
+		top := tree.Queues[q.Name]
+		for top.Parent != nil {
+			top = top.Parent
 		}
-		if cycle {
+		// NewTree keeps a queue with a missing parent as a root (its tree
+		// starts there) and so a queue on a parent cycle: that tree goes to
+		// the main controller.
+		if onCycle(top.Name, parents) {
 			out[q.Name] = Owner{Controller: v1alpha1.DefaultControllerName}
 			continue
 		}
+		root := byName[top.Name]
 		o := Owner{Controller: ControllerOf(root.Spec.ControllerName), Root: root.Name}
 		if want := ControllerOf(q.Spec.ControllerName); root != q && q.Spec.ControllerName != "" && want != o.Controller {
 			o.Refused = fmt.Sprintf("spec.controllerName %q is not followed: queue %s is decided by controller %q, its root queue %s's, "+
