@@ -200,3 +200,26 @@ func (c *Cluster) LogTail(name string, n int) string {
 	}
 	return tail(string(b), n)
 }
+
+// Processes lists the processes under procRoot ("/proc", or a copy of its
+// layout) with their command lines, by pid. Kernel threads (an empty
+// command line) and processes gone while listing are left out.
+func Processes(procRoot string) (map[int][]string, error) {
+	entries, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int][]string{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "cmdline"))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		out[pid] = strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	}
+	return out, nil
+}

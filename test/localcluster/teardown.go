@@ -286,19 +286,10 @@ func removeKubepodsCgroups() error {
 // killShims kills containerd-shim-runc-v2 processes that belong to this
 // cluster's containerd (their command line names its socket), by PID.
 func (c *Cluster) killShims() error {
-	procs, _ := os.ReadDir("/proc")
+	procs, _ := Processes("/proc")
 	var errs []error
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if !strings.HasSuffix(args[0], "containerd-shim-runc-v2") || !strings.Contains(string(b), c.Dirs.ContainerdSocket) {
+	for pid, args := range procs {
+		if !strings.HasSuffix(args[0], "containerd-shim-runc-v2") || !strings.Contains(strings.Join(args, "\x00"), c.Dirs.ContainerdSocket) {
 			continue
 		}
 		c.logf("killing leftover shim pid %d", pid)
@@ -392,17 +383,9 @@ func (c *Cluster) unmountAll() error {
 // otherContainerdRunning tells whether a containerd that is not ours runs
 // (then /run/containerd is not ours to remove).
 func otherContainerdRunning() bool {
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		if _, err := strconv.Atoi(p.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + p.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		argv0 := strings.SplitN(string(b), "\x00", 2)[0]
-		if filepath.Base(argv0) == "containerd" {
+	procs, _ := Processes("/proc")
+	for _, args := range procs {
+		if filepath.Base(args[0]) == "containerd" {
 			return true
 		}
 	}

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tessera-dev/tessera/test/localcluster"
 )
 
 // Components are the processes a scale run accounts CPU time and memory
@@ -128,26 +131,13 @@ func (s *procSampler) finish() map[string]Usage {
 // findProcesses maps the pid of every process whose executable's base name
 // (argv[0]) is one of names to that name.
 func findProcesses(root string, names []string) (map[int]string, error) {
-	want := map[string]bool{}
-	for _, n := range names {
-		want[n] = true
-	}
-	entries, err := os.ReadDir(root)
+	procs, err := localcluster.Processes(root)
 	if err != nil {
 		return nil, err
 	}
 	out := map[int]string{}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join(root, e.Name(), "cmdline"))
-		if err != nil || len(cmdline) == 0 {
-			continue
-		}
-		argv0, _, _ := bytes.Cut(cmdline, []byte{0})
-		if name := filepath.Base(string(argv0)); want[name] {
+	for pid, args := range procs {
+		if name := filepath.Base(args[0]); slices.Contains(names, name) {
 			out[pid] = name
 		}
 	}
