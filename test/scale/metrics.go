@@ -64,23 +64,9 @@ func scrapeAll(ctx context.Context, eps []endpoint) (map[string]families, error)
 }
 
 func scrape(ctx context.Context, ep endpoint) (families, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep.url, nil)
+	body, err := ep.get(ctx, ep.url, 30*time.Second)
 	if err != nil {
 		return nil, err
-	}
-	resp, err := ep.client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("scraping %s metrics: %w", ep.name, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("scraping %s metrics (%s): %s", ep.name, ep.url, resp.Status)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	f, err := parser.TextToMetricFamilies(bytes.NewReader(body))
@@ -88,6 +74,30 @@ func scrape(ctx context.Context, ep endpoint) (families, error) {
 		return nil, fmt.Errorf("parsing %s metrics: %w", ep.name, err)
 	}
 	return f, nil
+}
+
+// get reads url (the endpoint's own or one beside it) with the endpoint's
+// client within timeout; anything but 200 OK is an error naming it.
+func (ep endpoint) get(ctx context.Context, url string, timeout time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := ep.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s (%s): %w", ep.name, url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("reading %s (%s): %s: %s", ep.name, url, resp.Status, bytes.TrimSpace(body))
+	}
+	return body, nil
 }
 
 func labels(m *dto.Metric) map[string]string {

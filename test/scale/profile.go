@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -142,25 +140,10 @@ func (p *profiler) finish(workload string) (map[string]ProfileSummary, error) {
 
 // fetchProfile takes one CPU profile of d from ep's /debug/pprof.
 func fetchProfile(ctx context.Context, ep endpoint, d time.Duration) (*profile.Profile, error) {
-	base := strings.TrimSuffix(ep.url, "/metrics")
-	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(d.Seconds()))
-	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(ep.url, "/metrics"), int(d.Seconds()))
+	body, err := ep.get(ctx, url, d+30*time.Second)
 	if err != nil {
 		return nil, err
-	}
-	resp, err := ep.client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("profiling %s: %w", ep.name, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("profiling %s: %s: %s", ep.name, resp.Status, bytes.TrimSpace(body))
 	}
 	return profile.Parse(bytes.NewReader(body))
 }
