@@ -32,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/test/helm"
+	"github.com/tessera-dev/tessera/test/imagebuild"
 	"github.com/tessera-dev/tessera/test/localcluster"
 	"github.com/tessera-dev/tessera/test/scenario"
 )
@@ -249,7 +250,7 @@ func runScenario(ctx context.Context, c *localcluster.Cluster, env *scenario.Env
 		say("  it publishes %d device(s): %s", len(devs), summarizeDevices(devs))
 	}
 	if s.Controller {
-		if !hasGoSources(filepath.Join(env.RepoRoot, "cmd", "controller")) {
+		if !imagebuild.HasGoSources(filepath.Join(env.RepoRoot, "cmd", "controller")) {
 			say("  skipped: this scenario needs the controller (./cmd/controller), which has no sources yet")
 			return nil
 		}
@@ -326,16 +327,6 @@ func readmeIntro(path string) []string {
 		out = append(out, l)
 	}
 	return out
-}
-
-func hasGoSources(dir string) bool {
-	m, _ := filepath.Glob(filepath.Join(dir, "*.go"))
-	for _, f := range m {
-		if !strings.HasSuffix(f, "_test.go") {
-			return true
-		}
-	}
-	return false
 }
 
 func createNamespace(ctx context.Context, c *localcluster.Cluster, ns string) error {

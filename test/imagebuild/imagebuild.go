@@ -122,7 +122,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	cmds := o.Commands
 	if cmds == nil {
 		for _, c := range Commands {
-			if c.Package != "" || hasGoSources(filepath.Join(o.RepoRoot, "cmd", c.Name)) {
+			if c.Package != "" || HasGoSources(filepath.Join(o.RepoRoot, "cmd", c.Name)) {
 				cmds = append(cmds, c)
 			} else {
 				o.Logf("./cmd/%s has no sources yet: left out of the image", c.Name)
@@ -260,7 +260,9 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	return res, nil
 }
 
-func hasGoSources(dir string) bool {
+// HasGoSources tells whether dir holds a non-test Go file (a command that
+// is not written yet has none).
+func HasGoSources(dir string) bool {
 	m, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 	for _, f := range m {
 		if !strings.HasSuffix(f, "_test.go") {

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tessera-dev/tessera/test/imagebuild"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -21,17 +22,6 @@ import (
 // DeviceClassesFile is applied after the API server is ready when it exists.
 const DeviceClassesFile = "deployments/deviceclasses.yaml"
 
-// hasGoSources tells whether a repository directory holds a non-test Go file.
-func (c *Cluster) hasGoSources(dir string) bool {
-	matches, _ := filepath.Glob(filepath.Join(c.Opts.RepoRoot, dir, "*.go"))
-	for _, m := range matches {
-		if !strings.HasSuffix(m, "_test.go") {
-			return true
-		}
-	}
-	return false
-}
-
 func (c *Cluster) pluginWanted() bool {
 	switch c.Opts.Plugin {
 	case PluginOn:
@@ -39,7 +29,7 @@ func (c *Cluster) pluginWanted() bool {
 	case PluginOff:
 		return false
 	default:
-		return c.hasGoSources("cmd/kubelet-plugin")
+		return imagebuild.HasGoSources(filepath.Join(c.Opts.RepoRoot, "cmd/kubelet-plugin"))
 	}
 }
 
