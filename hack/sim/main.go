@@ -15,7 +15,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/sim"
 	"github.com/tessera-dev/tessera/pkg/whatif"
 )
@@ -92,7 +92,7 @@ func replaySnapshot(path string) error {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	start := time.Now()
-	r, err := whatif.Decide(context.Background(), st, admission.DefaultConfig())
+	r, err := whatif.Decide(context.Background(), st, decide.DefaultConfig())
 	if err != nil {
 		return err
 	}

@@ -13,10 +13,10 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tessera-dev/tessera/pkg/admission"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/controller"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // slowClient holds every gate removal for a while and records how many
@@ -50,18 +50,18 @@ func (s *slowClient) Patch(ctx context.Context, obj client.Object, patch client.
 func TestUngatesInParallelAcrossWorkloads(t *testing.T) {
 	e := startEnv(t)
 	e.gpuNode("node-1", "h100-80gb:8")
-	e.create(admissiontest.Queue("team", "", "", ""))
+	e.create(decidetest.Queue("team", "", "", ""))
 	var names []string
 	for i := range 8 {
 		n := fmt.Sprintf("single-%d", i)
-		e.create(claim(n+"-gpu", admissiontest.Request{Memory: "4Gi"}))
-		e.create(asNew(admissiontest.Pod("default", n, admissiontest.PodOptions{Queue: "team", Claims: []string{n + "-gpu"}, Gated: true})))
+		e.create(claim(n+"-gpu", decidetest.Request{Memory: "4Gi"}))
+		e.create(asNew(decidetest.Pod("default", n, decidetest.PodOptions{Queue: "team", Claims: []string{n + "-gpu"}, Gated: true})))
 		names = append(names, n)
 	}
 	slow := &slowClient{Client: e.c}
-	a := &controller.Admitter{
+	a := &controller.Reconciler{
 		Client: slow, Reader: e.c, Recorder: events.NewFakeRecorder(100),
-		Engine:  admission.NewEngine(admission.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
+		Engine:  decide.NewEngine(decide.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
 		Metrics: controller.NewMetrics(prometheus.NewRegistry()), Opts: e.opts,
 	}
 	if _, err := a.Reconcile(e.ctx, controller.CycleRequest); err != nil {

@@ -15,10 +15,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/controller"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // dyingClient lets a controller's first `allow` pod patches of one kind
@@ -63,16 +63,16 @@ func (d *dyingClient) Patch(ctx context.Context, obj client.Object, patch client
 func TestGangAtomicAcrossFaults(t *testing.T) {
 	e := startEnv(t)
 	e.gpuNode("node-1", "h100-80gb:4")
-	e.create(admissiontest.Queue("team", "", "", ""))
+	e.create(decidetest.Queue("team", "", "", ""))
 
-	newAdmitter := func(c client.Client) *controller.Admitter {
-		return &controller.Admitter{
+	newReconciler := func(c client.Client) *controller.Reconciler {
+		return &controller.Reconciler{
 			Client: c, Reader: e.c, Recorder: events.NewFakeRecorder(100),
-			Engine:  admission.NewEngine(admission.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
+			Engine:  decide.NewEngine(decide.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
 			Metrics: controller.NewMetrics(prometheus.NewRegistry()), Opts: e.opts,
 		}
 	}
-	cycle := func(a *controller.Admitter) {
+	cycle := func(a *controller.Reconciler) {
 		t.Helper()
 		if _, err := a.Reconcile(e.ctx, controller.CycleRequest); err != nil {
 			t.Fatal(err)
@@ -82,8 +82,8 @@ func TestGangAtomicAcrossFaults(t *testing.T) {
 		var names []string
 		for i := range 4 {
 			n := fmt.Sprintf("%s-%d", name, i)
-			e.create(claim(n+"-gpu", admissiontest.Request{Memory: "20Gi"}))
-			e.create(asNew(admissiontest.Pod("default", n, admissiontest.PodOptions{Queue: "team", Gang: name, GangSize: "4", Claims: []string{n + "-gpu"}, Gated: true})))
+			e.create(claim(n+"-gpu", decidetest.Request{Memory: "20Gi"}))
+			e.create(asNew(decidetest.Pod("default", n, decidetest.PodOptions{Queue: "team", Gang: name, GangSize: "4", Claims: []string{n + "-gpu"}, Gated: true})))
 			names = append(names, n)
 		}
 		return names
@@ -112,7 +112,7 @@ func TestGangAtomicAcrossFaults(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			names := gang(tt.name)
-			cycle(newAdmitter(&dyingClient{Client: e.c, kind: tt.kind, allow: tt.allow}))
+			cycle(newReconciler(&dyingClient{Client: e.c, kind: tt.kind, allow: tt.allow}))
 			ungated, decisions := state(names)
 			if ungated != tt.wantUngated || len(decisions) != 1 {
 				t.Fatalf("after the fault: %d members ungated, decisions %v; want %d ungated under one decision", ungated, decisions, tt.wantUngated)
@@ -123,7 +123,7 @@ func TestGangAtomicAcrossFaults(t *testing.T) {
 				}
 			}
 			// A new controller (fresh engine, nothing remembered) takes over.
-			cycle(newAdmitter(e.c))
+			cycle(newReconciler(e.c))
 			ungated, decisions = state(names)
 			if ungated != 4 || len(decisions) != 1 {
 				t.Fatalf("after the restart: %d members ungated, decisions %v; want all 4 under one decision", ungated, decisions)

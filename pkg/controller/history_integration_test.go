@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/history"
 )
 
@@ -32,10 +32,10 @@ func TestHistoryAcrossRestartAndLeaderChange(t *testing.T) {
 	e.opts.UsageMaxGap = time.Minute
 	e.opts.UsageHistoryDays = 2
 	slices := e.gpuNode("node-1", "dgxh100")
-	e.create(admissiontest.Queue("team", "", "", ""))
+	e.create(decidetest.Queue("team", "", "", ""))
 	e.startController()
 
-	e.create(claim("h12", admissiontest.Request{Memory: "12Gi"}))
+	e.create(claim("h12", decidetest.Request{Memory: "12Gi"}))
 	e.create(asNew(claimPod("h1", "team", "h12")))
 	e.waitAdmitted("h1")
 	e.allocate("node-1", slices, "h12")

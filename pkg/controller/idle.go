@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/idle"
 )
@@ -199,7 +199,7 @@ func (r *IdleReclaimer) Pass(ctx context.Context) error {
 			w.exempt = true
 		}
 		v := idle.Verdict{Why: "not running"}
-		if p.Status.Phase == corev1.PodRunning && !admission.HasAdmissionGate(p) && p.Annotations[v1alpha1.AdmittedAtAnnotation] != "" {
+		if p.Status.Phase == corev1.PodRunning && !decide.HasAdmissionGate(p) && p.Annotations[v1alpha1.AdmittedAtAnnotation] != "" {
 			v = idle.Judge(now, pol, podClaims(p, byName, r.Driver), r.History)
 		}
 		w.members = append(w.members, idleMember{pod: p, verdict: v})

@@ -32,9 +32,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/controller"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
@@ -168,7 +168,7 @@ func (e *env) startController() {
 	e.cur = e.startReplica(e.opts.WebhookPort)
 	// The webhook answers once the configurations point at it.
 	eventually(e.t, "webhook serving", func() error {
-		q := admissiontest.Queue("probe-"+fmt.Sprint(time.Now().UnixNano()), "no-such-parent", "", "")
+		q := decidetest.Queue("probe-"+fmt.Sprint(time.Now().UnixNano()), "no-such-parent", "", "")
 		err := e.c.Create(e.ctx, q, client.DryRunAll)
 		if err == nil || !strings.Contains(err.Error(), "does not exist") {
 			return fmt.Errorf("queue with unknown parent not refused by the webhook: %v", err)
@@ -207,11 +207,11 @@ func (e *env) stopController() { e.cur.shutdown() }
 // would, and returns them.
 func (e *env) gpuNode(name, profile string) []*resourceapi.ResourceSlice {
 	e.t.Helper()
-	slices, err := admissiontest.NodeSlices(name, admissiontest.NodeOptions{Profile: profile})
+	slices, err := decidetest.NodeSlices(name, decidetest.NodeOptions{Profile: profile})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	for _, dc := range admissiontest.Classes() {
+	for _, dc := range decidetest.Classes() {
 		e.create(dc)
 	}
 	for _, s := range slices {
@@ -227,7 +227,7 @@ func (e *env) gpuNode(name, profile string) []*resourceapi.ResourceSlice {
 // not-ready; envtest runs no node lifecycle controller to lift it.
 func (e *env) readyNode(name string) {
 	e.t.Helper()
-	node := admissiontest.Node(name)
+	node := decidetest.Node(name)
 	status := node.Status
 	e.create(node)
 	node.Spec.Taints = nil
@@ -343,7 +343,7 @@ func (e *env) allocate(node string, slices []*resourceapi.ResourceSlice, claimNa
 		if err := e.c.Get(e.ctx, client.ObjectKey{Namespace: "default", Name: name}, &c); err != nil {
 			e.t.Fatal(err)
 		}
-		res, err := allocation.NewAllocator(slices, admissiontest.Classes()).Allocate(e.ctx, admissiontest.Node(node), state, &c)
+		res, err := allocation.NewAllocator(slices, decidetest.Classes()).Allocate(e.ctx, decidetest.Node(node), state, &c)
 		if err != nil || res == nil {
 			e.t.Fatalf("allocating claim %s: %v %v", name, res, err)
 		}
@@ -398,11 +398,11 @@ func qty(l v1alpha1.ResourceList, r v1alpha1.ResourceName) string {
 }
 
 func claimPod(name, queue string, claims ...string) *corev1.Pod {
-	return admissiontest.Pod("default", name, admissiontest.PodOptions{Queue: queue, Claims: claims})
+	return decidetest.Pod("default", name, decidetest.PodOptions{Queue: queue, Claims: claims})
 }
 
-func claim(name string, reqs ...admissiontest.Request) *resourceapi.ResourceClaim {
-	c := admissiontest.Claim("default", name, reqs...)
+func claim(name string, reqs ...decidetest.Request) *resourceapi.ResourceClaim {
+	c := decidetest.Claim("default", name, reqs...)
 	c.UID = ""
 	return c
 }
@@ -416,7 +416,7 @@ func TestController(t *testing.T) {
 	e := startEnv(t)
 	// A node with 8 x H100, published as the kubelet plugin publishes.
 	slices := e.gpuNode("node-1", "dgxh100")
-	e.create(admissiontest.Queue("org", "", "", ""), admissiontest.Queue("team-a", "org", "16Gi", "16Gi"), admissiontest.Queue("team-b", "org", "", ""))
+	e.create(decidetest.Queue("org", "", "", ""), decidetest.Queue("team-a", "org", "16Gi", "16Gi"), decidetest.Queue("team-b", "org", "", ""))
 
 	e.startController()
 
@@ -425,9 +425,9 @@ func TestController(t *testing.T) {
 			q    *v1alpha1.Queue
 			want string
 		}{
-			{admissiontest.Queue("x", "nope", "", ""), `queue "nope" does not exist`},
-			{admissiontest.Queue("x", "", "32Gi", "16Gi"), "quota must not be above limit"},
-			{admissiontest.Queue("x", "x", "", ""), "cannot be its own parent"},
+			{decidetest.Queue("x", "nope", "", ""), `queue "nope" does not exist`},
+			{decidetest.Queue("x", "", "32Gi", "16Gi"), "quota must not be above limit"},
+			{decidetest.Queue("x", "x", "", ""), "cannot be its own parent"},
 		} {
 			err := e.c.Create(e.ctx, tc.q)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -449,14 +449,14 @@ func TestController(t *testing.T) {
 	})
 
 	t.Run("webhook gates only labelled pods", func(t *testing.T) {
-		e.create(admissiontest.Pod("default", "plain", admissiontest.PodOptions{}))
+		e.create(decidetest.Pod("default", "plain", decidetest.PodOptions{}))
 		if p := e.pod("plain"); gated(p) {
 			t.Error("unlabelled pod was gated")
 		}
 	})
 
 	t.Run("admission, limit reason, accounting from the allocation", func(t *testing.T) {
-		e.create(claim("a12", admissiontest.Request{Memory: "12Gi"}), claim("a8", admissiontest.Request{Memory: "8Gi"}))
+		e.create(claim("a12", decidetest.Request{Memory: "12Gi"}), claim("a8", decidetest.Request{Memory: "8Gi"}))
 		e.create(asNew(claimPod("a1", "team-a", "a12")))
 		if !gated(e.pod("a1")) && condition(e.pod("a1")) == nil {
 			t.Error("labelled pod was not gated at creation")
@@ -496,25 +496,25 @@ func TestController(t *testing.T) {
 	})
 
 	t.Run("bad input", func(t *testing.T) {
-		e.create(asNew(admissiontest.Pod("default", "lost", admissiontest.PodOptions{Queue: "nope"})))
+		e.create(asNew(decidetest.Pod("default", "lost", decidetest.PodOptions{Queue: "nope"})))
 		e.waitWaiting("lost", "InvalidWorkload", "queue nope does not exist")
-		e.create(asNew(admissiontest.Pod("default", "toplevel", admissiontest.PodOptions{Queue: "org"})))
+		e.create(asNew(decidetest.Pod("default", "toplevel", decidetest.PodOptions{Queue: "org"})))
 		e.waitWaiting("toplevel", "InvalidWorkload", "queue org is not a leaf queue")
-		e.create(asNew(admissiontest.Pod("default", "nosize", admissiontest.PodOptions{Queue: "team-b", Gang: "g"})))
+		e.create(asNew(decidetest.Pod("default", "nosize", decidetest.PodOptions{Queue: "team-b", Gang: "g"})))
 		e.waitWaiting("nosize", "InvalidWorkload", "label tessera.dev/gang-size is missing")
 	})
 
 	t.Run("gang waits until all members fit, then starts together", func(t *testing.T) {
 		// One GPU carries a1's share, five are taken whole: a gang of
 		// 4 x 1 GPU waits.
-		e.create(claim("hold", admissiontest.Request{Count: 5}))
+		e.create(claim("hold", decidetest.Request{Count: 5}))
 		e.create(asNew(claimPod("holder", "team-b", "hold")))
 		e.waitAdmitted("holder")
 		e.allocate("node-1", slices, "hold")
 		for i := range 4 {
 			name := fmt.Sprintf("train-%d", i)
-			e.create(claim(name+"-gpu", admissiontest.Request{}))
-			e.create(asNew(admissiontest.Pod("default", name, admissiontest.PodOptions{Queue: "team-b", Gang: "train-1", GangSize: "4", Claims: []string{name + "-gpu"}})))
+			e.create(claim(name+"-gpu", decidetest.Request{}))
+			e.create(asNew(decidetest.Pod("default", name, decidetest.PodOptions{Queue: "team-b", Gang: "train-1", GangSize: "4", Claims: []string{name + "-gpu"}})))
 		}
 		e.waitWaiting("train-3", "DoesNotFit", "gang train-1: 2 of 4 members' claims fit")
 		// The holder ends: its claim is deallocated.
@@ -584,8 +584,8 @@ func TestController(t *testing.T) {
 	t.Run("reclaim evicts an over-quota gang for a queue within quota", func(t *testing.T) {
 		// team-b (no quota) runs the 4-GPU gang; 3 GPUs are free. team-c is
 		// guaranteed 4 GPUs' memory and asks for 4 GPUs.
-		e.create(admissiontest.Queue("team-c", "", "400Gi", ""))
-		e.create(claim("c4", admissiontest.Request{Count: 4}))
+		e.create(decidetest.Queue("team-c", "", "400Gi", ""))
+		e.create(claim("c4", decidetest.Request{Count: 4}))
 		e.create(asNew(claimPod("c1", "team-c", "c4")))
 		eventually(t, "gang evicted", func() error {
 			var pods corev1.PodList
@@ -646,7 +646,7 @@ func TestController(t *testing.T) {
 			return nil
 		})
 		// The new leader admits (its own webhook now gates pods).
-		e.create(claim("late", admissiontest.Request{Memory: "1Gi"}))
+		e.create(claim("late", decidetest.Request{Memory: "1Gi"}))
 		eventually(t, "webhook of the second replica", func() error {
 			err := e.c.Create(e.ctx, asNew(claimPod("late", "team-b", "late")))
 			if apierrors.IsAlreadyExists(err) {
@@ -764,7 +764,7 @@ func TestControllerChartMode(t *testing.T) {
 	if string(m.Webhooks[0].ClientConfig.CABundle) != string(s.Data["ca.crt"]) || *m.Webhooks[0].ClientConfig.URL != base+webhook.PodsPath {
 		t.Errorf("mutating configuration: caBundle not the Secret's CA, or more than the caBundle changed: %+v", m.Webhooks[0].ClientConfig)
 	}
-	e.create(admissiontest.Queue("q", "", "", ""))
-	e.create(asNew(admissiontest.Pod("default", "p", admissiontest.PodOptions{Queue: "q"})))
+	e.create(decidetest.Queue("q", "", "", ""))
+	e.create(asNew(decidetest.Pod("default", "p", decidetest.PodOptions{Queue: "q"})))
 	e.waitAdmitted("p")
 }

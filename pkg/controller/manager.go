@@ -40,8 +40,8 @@ import (
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/history"
 	"github.com/tessera-dev/tessera/pkg/installcheck"
@@ -118,7 +118,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if err != nil {
 		return nil, err
 	}
-	cfgEngine := admission.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: features}
+	cfgEngine := decide.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: features}
 	// DeviceTaintRules taint devices for the scheduler as published taints
 	// do; the simulation applies them too, where the API serves them
 	// (resource.k8s.io/v1, Kubernetes 1.37).
@@ -141,16 +141,16 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	} else {
 		logger.Info("DeviceTaintRules are not served (resource.k8s.io/v1) or device taints are off; the admission simulation sees published device taints only", "error", err)
 	}
-	admitter := &Admitter{
+	reconciler := &Reconciler{
 		Client:   mgr.GetClient(),
 		Reader:   mgr.GetCache(),
 		Recorder: mgr.GetEventRecorder(recorderName(o.ControllerName)),
-		Engine:   admission.NewEngine(cfgEngine),
+		Engine:   decide.NewEngine(cfgEngine),
 		Metrics:  NewMetrics(registry(o)),
 		Opts:     o,
 	}
 	if o.Shadow {
-		if err := shadowAdmitter(admitter, direct, o); err != nil {
+		if err := makeShadow(reconciler, direct, o); err != nil {
 			return nil, err
 		}
 	}
@@ -159,9 +159,9 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	for _, obj := range watched {
 		// Only changes that can admit a gated pod, move what the queues
 		// hold or make a pin stale enqueue a cycle (changeTrigger).
-		b = b.WatchesRawSource(source.Kind(mgr.GetCache(), obj, admitter.Handler()))
+		b = b.WatchesRawSource(source.Kind(mgr.GetCache(), obj, reconciler.Handler()))
 	}
-	if err := b.Complete(admitter); err != nil {
+	if err := b.Complete(reconciler); err != nil {
 		return nil, fmt.Errorf("admission controller: %w", err)
 	}
 	// A shadow writes nothing but its report: the active controller keeps
@@ -174,7 +174,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		}
 	}
 	// Idle reclaim (queues' spec.idle): a leader-only loop of its own.
-	idler := NewIdleReclaimer(mgr.GetClient(), mgr.GetCache(), admitter.Recorder, admitter.Metrics)
+	idler := NewIdleReclaimer(mgr.GetClient(), mgr.GetCache(), reconciler.Recorder, reconciler.Metrics)
 	idler.Informers = mgr.GetCache()
 	idler.Controller = o.ControllerName
 	if err := mgr.Add(idler); err != nil {

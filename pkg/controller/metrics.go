@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // Metric names the controller exports (docs/observability.md; the Grafana
@@ -195,7 +195,7 @@ func (m *Metrics) stalePin(reason string) {
 	}
 }
 
-func (m *Metrics) observe(snap *admission.Snapshot, d *admission.Decision, apply time.Duration) {
+func (m *Metrics) observe(snap *decide.Snapshot, d *decide.Decision, apply time.Duration) {
 	if m == nil {
 		return
 	}
@@ -208,14 +208,14 @@ func (m *Metrics) observe(snap *admission.Snapshot, d *admission.Decision, apply
 	// Every reason is present (0 when none), so that rate and absence
 	// queries need no special case.
 	inadmissible := map[string]int{}
-	for _, f := range admission.Faults {
+	for _, f := range decide.Faults {
 		inadmissible[f] = 0
 	}
 	for _, v := range d.Waiting {
 		if v.Invalid {
 			f := v.Fault
 			if f == "" {
-				f = admission.FaultClaim
+				f = decide.FaultClaim
 			}
 			inadmissible[f]++
 		}

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 )
 
 func TestQueueMetrics(t *testing.T) {
@@ -21,7 +21,7 @@ func TestQueueMetrics(t *testing.T) {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	m.now = func() time.Time { return now }
 	q := func(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
-	snap := &admission.Snapshot{Queues: []*v1alpha1.Queue{
+	snap := &decide.Snapshot{Queues: []*v1alpha1.Queue{
 		{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}, Spec: v1alpha1.QueueSpec{Resources: map[v1alpha1.ResourceName]v1alpha1.QueueResource{
 			v1alpha1.ResourceGPUMemory: {Quota: q("12Gi"), Limit: q("16Gi")},
 		}}},
@@ -30,9 +30,9 @@ func TestQueueMetrics(t *testing.T) {
 	pod := func(created time.Time) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(created)}}
 	}
-	d := &admission.Decision{
-		Admit: []*admission.Admission{{Workload: &admission.Workload{QueueName: "team-a"}, Pods: []*corev1.Pod{pod(now.Add(-90 * time.Second)), pod(now.Add(-30 * time.Second))}}},
-		Evict: []*admission.Eviction{{Workload: &admission.Workload{QueueName: "team-b"}}},
+	d := &decide.Decision{
+		Admit: []*decide.Admission{{Workload: &decide.Workload{QueueName: "team-a"}, Pods: []*corev1.Pod{pod(now.Add(-90 * time.Second)), pod(now.Add(-30 * time.Second))}}},
+		Evict: []*decide.Eviction{{Workload: &decide.Workload{QueueName: "team-b"}}},
 		Queues: map[string]*v1alpha1.QueueStatus{
 			"team-a": {PendingWorkloads: 2, Allocated: v1alpha1.ResourceList{v1alpha1.ResourceGPUMemory: resource.MustParse("8Gi")},
 				Used: v1alpha1.ResourceList{v1alpha1.ResourceGPUMemory: resource.MustParse("2Gi")}},

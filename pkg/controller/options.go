@@ -1,5 +1,5 @@
 // Package controller is Tessera's queue controller: a controller-runtime
-// manager with leader election that runs the admission cycle (pkg/admission)
+// manager with leader election that runs the admission cycle (pkg/decide)
 // on every relevant change, applies its decisions (ungate, evict, explain),
 // keeps Queue status, and serves the pod-gating and Queue-validating
 // webhooks (pkg/webhook) with a self-signed CA it keeps in a Secret.

@@ -7,7 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
 
@@ -50,7 +50,7 @@ func (o ownership) pod(p *corev1.Pod) bool { return o.queue(p.Labels[v1alpha1.Qu
 // and with their queue unknown here they are charged to no queue of this
 // controller's, never evicted, never written to. Their gated pods go: they
 // are the other controller's to decide.
-func own(snap *admission.Snapshot, name string) ownership {
+func own(snap *decide.Snapshot, name string) ownership {
 	o := newOwnership(name, snap.Queues)
 	queues := snap.Queues[:0:0]
 	for _, q := range snap.Queues {
@@ -60,7 +60,7 @@ func own(snap *admission.Snapshot, name string) ownership {
 	}
 	pods := snap.Pods[:0:0]
 	for _, p := range snap.Pods {
-		if o.pod(p) || !admission.HasAdmissionGate(p) {
+		if o.pod(p) || !decide.HasAdmissionGate(p) {
 			pods = append(pods, p)
 		}
 	}

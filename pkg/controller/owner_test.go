@@ -16,9 +16,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // TestCanaryOwnership runs the main and a canary controller over one fake
@@ -32,7 +32,7 @@ func TestCanaryOwnership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices, err := admissiontest.NodeSlices("n1", admissiontest.NodeOptions{Profile: "h100-80gb:1"})
+	slices, err := decidetest.NodeSlices("n1", decidetest.NodeOptions{Profile: "h100-80gb:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,28 +42,28 @@ func TestCanaryOwnership(t *testing.T) {
 	}
 	t0 := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	objs := []client.Object{
-		admissiontest.Queue("prod", "", "", ""),
-		admissiontest.Queue("prod-a", "prod", "80Gi", "80Gi"),
-		named(admissiontest.Queue("prod-b", "prod", "80Gi", "80Gi"), "canary"), // a split: refused
-		named(admissiontest.Queue("exp", "", "80Gi", "80Gi"), "canary"),
-		admissiontest.Node("n1"),
+		decidetest.Queue("prod", "", "", ""),
+		decidetest.Queue("prod-a", "prod", "80Gi", "80Gi"),
+		named(decidetest.Queue("prod-b", "prod", "80Gi", "80Gi"), "canary"), // a split: refused
+		named(decidetest.Queue("exp", "", "80Gi", "80Gi"), "canary"),
+		decidetest.Node("n1"),
 		// The main controller's running pod holds 40Gi of the one GPU.
-		ungated(admissiontest.Pod("ns", "run-prod", admissiontest.PodOptions{Queue: "prod-a", Claims: []string{"run-prod-gpu"}, Created: t0})),
-		admissiontest.Claim("ns", "run-prod-gpu", admissiontest.Request{Memory: "40Gi"}),
-		admissiontest.Pod("ns", "g-prod", admissiontest.PodOptions{Queue: "prod-a", Claims: []string{"g-prod-gpu"}, Gated: true, Created: t0}),
-		admissiontest.Claim("ns", "g-prod-gpu", admissiontest.Request{Memory: "10Gi"}),
-		admissiontest.Pod("ns", "g-split", admissiontest.PodOptions{Queue: "prod-b", Claims: []string{"g-split-gpu"}, Gated: true, Created: t0}),
-		admissiontest.Claim("ns", "g-split-gpu", admissiontest.Request{Memory: "10Gi"}),
+		ungated(decidetest.Pod("ns", "run-prod", decidetest.PodOptions{Queue: "prod-a", Claims: []string{"run-prod-gpu"}, Created: t0})),
+		decidetest.Claim("ns", "run-prod-gpu", decidetest.Request{Memory: "40Gi"}),
+		decidetest.Pod("ns", "g-prod", decidetest.PodOptions{Queue: "prod-a", Claims: []string{"g-prod-gpu"}, Gated: true, Created: t0}),
+		decidetest.Claim("ns", "g-prod-gpu", decidetest.Request{Memory: "10Gi"}),
+		decidetest.Pod("ns", "g-split", decidetest.PodOptions{Queue: "prod-b", Claims: []string{"g-split-gpu"}, Gated: true, Created: t0}),
+		decidetest.Claim("ns", "g-split-gpu", decidetest.Request{Memory: "10Gi"}),
 		// The canary's: one fits beside run-prod, one (50Gi) does not.
-		admissiontest.Pod("ns", "g-exp", admissiontest.PodOptions{Queue: "exp", Claims: []string{"g-exp-gpu"}, Gated: true, Created: t0}),
-		admissiontest.Claim("ns", "g-exp-gpu", admissiontest.Request{Memory: "10Gi"}),
-		admissiontest.Pod("ns", "g-exp-big", admissiontest.PodOptions{Queue: "exp", Claims: []string{"g-exp-big-gpu"}, Gated: true, Created: t0}),
-		admissiontest.Claim("ns", "g-exp-big-gpu", admissiontest.Request{Memory: "50Gi"}),
+		decidetest.Pod("ns", "g-exp", decidetest.PodOptions{Queue: "exp", Claims: []string{"g-exp-gpu"}, Gated: true, Created: t0}),
+		decidetest.Claim("ns", "g-exp-gpu", decidetest.Request{Memory: "10Gi"}),
+		decidetest.Pod("ns", "g-exp-big", decidetest.PodOptions{Queue: "exp", Claims: []string{"g-exp-big-gpu"}, Gated: true, Created: t0}),
+		decidetest.Claim("ns", "g-exp-big-gpu", decidetest.Request{Memory: "50Gi"}),
 	}
 	for _, sl := range slices {
 		objs = append(objs, sl)
 	}
-	for _, c := range admissiontest.Classes() {
+	for _, c := range decidetest.Classes() {
 		c.UID = types.UID("uid-class-" + c.Name) // the fake API sets none; reuse keys by UID
 		objs = append(objs, c)
 	}
@@ -73,10 +73,10 @@ func TestCanaryOwnership(t *testing.T) {
 		}
 	}
 	base := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()
-	admitter := func(name string) (*Admitter, *writeLog) {
+	reconciler := func(name string) (*Reconciler, *writeLog) {
 		w := &writeLog{Client: base}
-		return &Admitter{Client: w, Reader: base, Recorder: events.NewFakeRecorder(100),
-			Engine:  admission.NewEngine(admission.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
+		return &Reconciler{Client: w, Reader: base, Recorder: events.NewFakeRecorder(100),
+			Engine:  decide.NewEngine(decide.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
 			Metrics: NewMetrics(prometheus.NewRegistry()),
 			Opts:    Options{ControllerName: name, ApplyWorkers: 2, MaxReasonUpdates: 100, ResyncPeriod: time.Nanosecond, PinNodes: PinNone}}, w
 	}
@@ -96,18 +96,18 @@ func TestCanaryOwnership(t *testing.T) {
 		return out
 	}
 
-	canary, cw := admitter("canary")
+	canary, cw := reconciler("canary")
 	if _, err := canary.Reconcile(ctx, CycleRequest); err != nil {
 		t.Fatal(err)
 	}
-	if p := pod("g-exp"); admission.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != "canary" {
+	if p := pod("g-exp"); decide.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != "canary" {
 		t.Errorf("g-exp: gates %v, annotations %v; want it admitted by canary", p.Spec.SchedulingGates, p.Annotations)
 	}
-	if c := podCondition(pod("g-exp-big")); c == nil || c.Reason != admission.ReasonDoesNotFit {
+	if c := podCondition(pod("g-exp-big")); c == nil || c.Reason != decide.ReasonDoesNotFit {
 		t.Errorf("g-exp-big does not fit beside the main controller's running pod; condition %+v", c)
 	}
 	for _, n := range []string{"g-prod", "g-split"} {
-		if p := pod(n); !admission.HasAdmissionGate(p) || len(p.Status.Conditions) != 0 {
+		if p := pod(n); !decide.HasAdmissionGate(p) || len(p.Status.Conditions) != 0 {
 			t.Errorf("the canary touched the main controller's pod %s: gates %v, conditions %v", n, p.Spec.SchedulingGates, p.Status.Conditions)
 		}
 	}
@@ -117,12 +117,12 @@ func TestCanaryOwnership(t *testing.T) {
 		}
 	}
 
-	main, mw := admitter("")
+	main, mw := reconciler("")
 	if _, err := main.Reconcile(ctx, CycleRequest); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []string{"g-prod", "g-split"} {
-		if p := pod(n); admission.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != v1alpha1.DefaultControllerName {
+		if p := pod(n); decide.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != v1alpha1.DefaultControllerName {
 			t.Errorf("%s: gates %v, annotations %v; want it admitted by the main controller", n, p.Spec.SchedulingGates, p.Annotations)
 		}
 	}
@@ -159,10 +159,10 @@ func TestCanaryOwnership(t *testing.T) {
 	if err := base.Update(ctx, &q); err != nil {
 		t.Fatal(err)
 	}
-	if err := base.Create(ctx, admissiontest.Claim("ns", "g-exp2-gpu", admissiontest.Request{Memory: "4Gi"})); err != nil {
+	if err := base.Create(ctx, decidetest.Claim("ns", "g-exp2-gpu", decidetest.Request{Memory: "4Gi"})); err != nil {
 		t.Fatal(err)
 	}
-	g2 := admissiontest.Pod("ns", "g-exp2", admissiontest.PodOptions{Queue: "exp", Claims: []string{"g-exp2-gpu"}, Gated: true, Created: t0})
+	g2 := decidetest.Pod("ns", "g-exp2", decidetest.PodOptions{Queue: "exp", Claims: []string{"g-exp2-gpu"}, Gated: true, Created: t0})
 	g2.ResourceVersion = ""
 	if err := base.Create(ctx, g2); err != nil {
 		t.Fatal(err)
@@ -178,7 +178,7 @@ func TestCanaryOwnership(t *testing.T) {
 	if _, err := main.Reconcile(ctx, CycleRequest); err != nil {
 		t.Fatal(err)
 	}
-	if p := pod("g-exp2"); admission.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != v1alpha1.DefaultControllerName {
+	if p := pod("g-exp2"); decide.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != v1alpha1.DefaultControllerName {
 		t.Errorf("g-exp2 after the rollback: gates %v, annotations %v, condition %+v; want it admitted by the main controller", p.Spec.SchedulingGates, p.Annotations, podCondition(p))
 	}
 	if written(mw)["ns/g-exp"] {

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // Pins. An admitted pod is pinned with required node affinity
@@ -112,7 +112,7 @@ func stalePins(pods []*corev1.Pod, nodes map[string]bool, grace time.Duration, n
 	var next time.Time
 	for _, p := range pods {
 		node := p.Annotations[PinnedAnnotation]
-		if node == "" || p.Spec.NodeName != "" || p.DeletionTimestamp != nil || admission.HasAdmissionGate(p) ||
+		if node == "" || p.Spec.NodeName != "" || p.DeletionTimestamp != nil || decide.HasAdmissionGate(p) ||
 			p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
@@ -172,7 +172,7 @@ func staleMessage(s stalePin) string {
 // create it again. With --replace-stale-pins=false the pod only gets the
 // condition and event, and waits with that reason. It returns when the
 // next pin would pass its grace.
-func (a *Admitter) recoverStalePins(ctx context.Context, pods *corev1.PodList) (time.Time, error) {
+func (a *Reconciler) recoverStalePins(ctx context.Context, pods *corev1.PodList) (time.Time, error) {
 	var pinned []*corev1.Pod
 	for i := range pods.Items {
 		p := &pods.Items[i]
@@ -194,7 +194,7 @@ func (a *Admitter) recoverStalePins(ctx context.Context, pods *corev1.PodList) (
 	stale, next := stalePins(pinned, names, a.Opts.StalePinGrace, time.Now())
 	logger := klog.FromContext(ctx)
 	now := metav1.Now()
-	a.parallel(len(stale), func(i int) {
+	a.parallel(ctx, len(stale), func(i int) {
 		s := stale[i]
 		p := s.pod
 		a.mu.Lock()

@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 func TestPinTerms(t *testing.T) {
@@ -62,7 +62,7 @@ func TestPinTerms(t *testing.T) {
 }
 
 func pinnedPod(name, node string, cond *corev1.PodCondition) *corev1.Pod {
-	p := admissiontest.Pod("default", name, admissiontest.PodOptions{Queue: "team"})
+	p := decidetest.Pod("default", name, decidetest.PodOptions{Queue: "team"})
 	p.Annotations = map[string]string{PinnedAnnotation: node}
 	if cond != nil {
 		p.Status.Conditions = []corev1.PodCondition{*cond}
@@ -86,7 +86,7 @@ func TestStalePins(t *testing.T) {
 		pinnedPod("short", "node-1", unsched(30*time.Second)),
 		pinnedPod("fine", "node-1", nil),
 		bound, gated,
-		admissiontest.Pod("default", "unpinned", admissiontest.PodOptions{Queue: "team"}),
+		decidetest.Pod("default", "unpinned", decidetest.PodOptions{Queue: "team"}),
 	}
 	stale, next := stalePins(pods, map[string]bool{"node-1": true}, 2*time.Minute, now)
 	got := map[string]string{}
@@ -145,9 +145,9 @@ func TestNoIdleWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	queue := admissiontest.Queue("team", "", "", "")
-	node := admissiontest.Node("node-1")
-	running := admissiontest.Pod("default", "running", admissiontest.PodOptions{Queue: "team"})
+	queue := decidetest.Queue("team", "", "", "")
+	node := decidetest.Node("node-1")
+	running := decidetest.Pod("default", "running", decidetest.PodOptions{Queue: "team"})
 	running.Spec.NodeName = "node-1"
 	running.Status.Phase = corev1.PodRunning
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "c", UID: "claim"},
@@ -155,8 +155,8 @@ func TestNoIdleWork(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(queue, node, running, claim).
 		WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()
 	reg := prometheus.NewRegistry()
-	a := &Admitter{Client: c, Reader: c, Recorder: events.NewFakeRecorder(100),
-		Engine:  admission.NewEngine(admission.Config{Features: allocation.SchedulerFeatures}),
+	a := &Reconciler{Client: c, Reader: c, Recorder: events.NewFakeRecorder(100),
+		Engine:  decide.NewEngine(decide.Config{Features: allocation.SchedulerFeatures}),
 		Metrics: NewMetrics(reg), Opts: Options{CycleInterval: 0, ResyncPeriod: time.Hour, ApplyWorkers: 4, PinNodes: PinAll, StalePinGrace: time.Minute, ReplaceStalePins: true}}
 	// The last cycle was just now (no start-up accounting cycle here).
 	a.last = time.Now()
@@ -193,7 +193,7 @@ func TestNoIdleWork(t *testing.T) {
 		t.Errorf("skipped cycles %v, want nothing-gated: 1", got)
 	}
 	// A gated pod created: one cycle, for it.
-	gated := admissiontest.Pod("default", "gated", admissiontest.PodOptions{Queue: "team", Gated: true})
+	gated := decidetest.Pod("default", "gated", decidetest.PodOptions{Queue: "team", Gated: true})
 	gated.UID = ""
 	if err := c.Create(ctx, gated); err != nil {
 		t.Fatal(err)
@@ -221,12 +221,12 @@ func TestNoIdleWork(t *testing.T) {
 }
 
 func TestChangeTrigger(t *testing.T) {
-	node := admissiontest.Node("n")
+	node := decidetest.Node("n")
 	cordoned := node.DeepCopy()
 	cordoned.Spec.Unschedulable = true
 	notReady := node.DeepCopy()
 	notReady.Status.Conditions[0].Status = corev1.ConditionFalse
-	pod := admissiontest.Pod("default", "p", admissiontest.PodOptions{Queue: "team"})
+	pod := decidetest.Pod("default", "p", decidetest.PodOptions{Queue: "team"})
 	pod.Spec.NodeName = "n"
 	done := pod.DeepCopy()
 	done.Status.Phase = corev1.PodSucceeded

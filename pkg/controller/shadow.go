@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/whatif"
 )
 
@@ -124,11 +124,11 @@ func (s *Shadow) queues(current []*v1alpha1.Queue) []*v1alpha1.Queue {
 }
 
 // verdicts are a decision's outcome per pod.
-func verdicts(d *admission.Decision) map[types.UID]shadowVerdict {
+func verdicts(d *decide.Decision) map[types.UID]shadowVerdict {
 	out := map[types.UID]shadowVerdict{}
 	for _, a := range d.Admit {
 		for _, p := range a.Pods {
-			out[p.UID] = shadowVerdict{what: whatif.Start, reason: admission.ReasonAdmitted, message: a.Message, workload: a.Workload.Key, queue: a.Workload.QueueName, pods: len(a.Pods)}
+			out[p.UID] = shadowVerdict{what: whatif.Start, reason: decide.ReasonAdmitted, message: a.Message, workload: a.Workload.Key, queue: a.Workload.QueueName, pods: len(a.Pods)}
 		}
 	}
 	for _, v := range d.Waiting {
@@ -139,7 +139,7 @@ func verdicts(d *admission.Decision) map[types.UID]shadowVerdict {
 	for _, e := range d.Evict {
 		reason := e.Reason
 		if reason == "" {
-			reason = admission.ReasonReclaimed
+			reason = decide.ReasonReclaimed
 		}
 		for _, p := range e.Pods {
 			out[p.UID] = shadowVerdict{what: whatif.Reclaim, reason: reason, message: e.Message, workload: e.Workload.Key, queue: e.Workload.QueueName, pods: len(e.Pods)}
@@ -187,20 +187,20 @@ func compare(prev map[types.UID]shadowVerdict, running map[types.UID]bool, repor
 	}
 	for _, p := range pods {
 		seen[p.UID] = true
-		gated := admission.HasAdmissionGate(p) && p.DeletionTimestamp == nil
+		gated := decide.HasAdmissionGate(p) && p.DeletionTimestamp == nil
 		c := podCondition(p)
 		v, decided := prev[p.UID]
 		switch {
 		case decided && v.what == whatif.Start && gated:
 			add(p, whatif.WouldAdmit, v.queue, v.workload, v.pods, "admit ("+says(v)+")", "holds it: "+activeSays(p))
-		case decided && v.what == whatif.Wait && !admission.HasAdmissionGate(p) && p.DeletionTimestamp == nil && p.Annotations[v1alpha1.AdmittedAtAnnotation] != "":
+		case decided && v.what == whatif.Wait && !decide.HasAdmissionGate(p) && p.DeletionTimestamp == nil && p.Annotations[v1alpha1.AdmittedAtAnnotation] != "":
 			add(p, whatif.WouldHold, v.queue, v.workload, v.pods, "hold: "+says(v), "admitted it")
 		case decided && v.what == whatif.Wait && gated && c != nil && c.Status == corev1.ConditionFalse && c.Reason != v.reason:
 			add(p, whatif.OtherReason, v.queue, v.workload, v.pods, "hold: "+says(v), "holds it: "+activeSays(p))
 		case decided && v.what == whatif.Reclaim && p.DeletionTimestamp == nil:
 			add(p, whatif.WouldReclaim, v.queue, v.workload, v.pods, "evict: "+says(v), "keeps it running")
 		case (!decided || v.what != whatif.Reclaim) && running[p.UID] && p.DeletionTimestamp != nil && c != nil && c.Status == corev1.ConditionFalse &&
-			(c.Reason == admission.ReasonReclaimed || c.Reason == admission.ReasonOverLimit):
+			(c.Reason == decide.ReasonReclaimed || c.Reason == decide.ReasonOverLimit):
 			add(p, whatif.WouldKeep, p.Labels[v1alpha1.QueueLabel], workloadOf(p), 1, "keep it running", "evicted it: "+activeSays(p))
 		default:
 			delete(reported, p.UID) // agreement (again)
@@ -236,7 +236,7 @@ func workloadOf(p *corev1.Pod) string {
 func runningPods(pods []*corev1.Pod) map[types.UID]bool {
 	out := map[types.UID]bool{}
 	for _, p := range pods {
-		if !admission.HasAdmissionGate(p) && p.DeletionTimestamp == nil {
+		if !decide.HasAdmissionGate(p) && p.DeletionTimestamp == nil {
 			out[p.UID] = true
 		}
 	}
@@ -245,7 +245,7 @@ func runningPods(pods []*corev1.Pod) map[types.UID]bool {
 
 // Cycle compares one shadow cycle, counts the differences and writes the
 // report. The engine forgets what the cycle admitted: nothing was ungated.
-func (s *Shadow) Cycle(ctx context.Context, e *admission.Engine, snap *admission.Snapshot, d *admission.Decision) []whatif.Difference {
+func (s *Shadow) Cycle(ctx context.Context, e *decide.Engine, snap *decide.Snapshot, d *decide.Decision) []whatif.Difference {
 	var admitted []*corev1.Pod
 	for _, a := range d.Admit {
 		admitted = append(admitted, a.Pods...)
@@ -452,9 +452,9 @@ func (noEvents) Eventf(runtime.Object, runtime.Object, string, string, string, s
 func (noEvents) AnnotatedEventf(runtime.Object, runtime.Object, map[string]string, string, string, string, string, ...any) {
 }
 
-// shadowAdmitter makes the admitter a shadow: its client writes nothing
+// makeShadow makes the reconciler a shadow: its client writes nothing
 // but the report (reads go to the API directly), no events.
-func shadowAdmitter(a *Admitter, direct client.Client, o Options) error {
+func makeShadow(a *Reconciler, direct client.Client, o Options) error {
 	s := NewShadow(registry(o), o.Namespace, o.ShadowReport)
 	s.Client = NewGuardClient(direct, o.Namespace, o.ShadowReport, s.refused.Inc)
 	s.Settings = ShadowSettings(o)

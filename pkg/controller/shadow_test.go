@@ -19,15 +19,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/whatif"
 )
 
 func withCondition(p *corev1.Pod, reason string) *corev1.Pod {
 	status := corev1.ConditionFalse
-	if reason == admission.ReasonAdmitted {
+	if reason == decide.ReasonAdmitted {
 		status = corev1.ConditionTrue
 	}
 	p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: v1alpha1.AdmissionCondition, Status: status, Reason: reason, Message: "m-" + reason})
@@ -53,30 +53,30 @@ func terminating(p *corev1.Pod) *corev1.Pod {
 // active controller did since, as the pods show it.
 func TestShadowCompare(t *testing.T) {
 	pod := func(name string, gatedPod bool) *corev1.Pod {
-		return admissiontest.Pod("ns", name, admissiontest.PodOptions{Queue: "q", Gated: gatedPod})
+		return decidetest.Pod("ns", name, decidetest.PodOptions{Queue: "q", Gated: gatedPod})
 	}
 	v := func(what, reason, name string) shadowVerdict {
 		return shadowVerdict{what: what, reason: reason, message: "why-" + name, workload: "ns/" + name, queue: "q", pods: 1}
 	}
 	pods := []*corev1.Pod{
-		withCondition(pod("admit-held", true), admission.ReasonQueueLimit),                         // shadow admitted, still gated: would-admit
-		ungated(pod("admit-done", false)),                                                          // shadow admitted, active did too
-		ungated(pod("hold-admitted", false)),                                                       // shadow held, active admitted: would-hold
-		withCondition(pod("hold-other", true), admission.ReasonDoesNotFit),                         // both hold, other reasons
-		withCondition(pod("hold-same", true), admission.ReasonQueueLimit),                          // both hold, same reason
-		ungated(pod("evict-kept", false)),                                                          // shadow would evict, still runs: would-reclaim
-		withCondition(terminating(ungated(pod("kept-evicted", false))), admission.ReasonReclaimed), // active evicted: would-keep
-		withCondition(terminating(ungated(pod("both-evicted", false))), admission.ReasonReclaimed), // both evicted
+		withCondition(pod("admit-held", true), decide.ReasonQueueLimit),                         // shadow admitted, still gated: would-admit
+		ungated(pod("admit-done", false)),                                                       // shadow admitted, active did too
+		ungated(pod("hold-admitted", false)),                                                    // shadow held, active admitted: would-hold
+		withCondition(pod("hold-other", true), decide.ReasonDoesNotFit),                         // both hold, other reasons
+		withCondition(pod("hold-same", true), decide.ReasonQueueLimit),                          // both hold, same reason
+		ungated(pod("evict-kept", false)),                                                       // shadow would evict, still runs: would-reclaim
+		withCondition(terminating(ungated(pod("kept-evicted", false))), decide.ReasonReclaimed), // active evicted: would-keep
+		withCondition(terminating(ungated(pod("both-evicted", false))), decide.ReasonReclaimed), // both evicted
 	}
 	uid := func(name string) types.UID { return types.UID("uid-pod-ns-" + name) }
 	prev := map[types.UID]shadowVerdict{
-		uid("admit-held"):    v(whatif.Start, admission.ReasonAdmitted, "admit-held"),
-		uid("admit-done"):    v(whatif.Start, admission.ReasonAdmitted, "admit-done"),
-		uid("hold-admitted"): v(whatif.Wait, admission.ReasonQueueLimit, "hold-admitted"),
-		uid("hold-other"):    v(whatif.Wait, admission.ReasonQueueLimit, "hold-other"),
-		uid("hold-same"):     v(whatif.Wait, admission.ReasonQueueLimit, "hold-same"),
-		uid("evict-kept"):    v(whatif.Reclaim, admission.ReasonReclaimed, "evict-kept"),
-		uid("both-evicted"):  v(whatif.Reclaim, admission.ReasonReclaimed, "both-evicted"),
+		uid("admit-held"):    v(whatif.Start, decide.ReasonAdmitted, "admit-held"),
+		uid("admit-done"):    v(whatif.Start, decide.ReasonAdmitted, "admit-done"),
+		uid("hold-admitted"): v(whatif.Wait, decide.ReasonQueueLimit, "hold-admitted"),
+		uid("hold-other"):    v(whatif.Wait, decide.ReasonQueueLimit, "hold-other"),
+		uid("hold-same"):     v(whatif.Wait, decide.ReasonQueueLimit, "hold-same"),
+		uid("evict-kept"):    v(whatif.Reclaim, decide.ReasonReclaimed, "evict-kept"),
+		uid("both-evicted"):  v(whatif.Reclaim, decide.ReasonReclaimed, "both-evicted"),
 	}
 	running := map[types.UID]bool{uid("kept-evicted"): true, uid("both-evicted"): true, uid("evict-kept"): true}
 	reported := map[types.UID]string{}
@@ -170,8 +170,8 @@ func TestGuardClientRefusesAllButReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := admissiontest.Pod("ns", "p", admissiontest.PodOptions{Queue: "q", Gated: true})
-	q := admissiontest.Queue("q", "", "1Gi", "")
+	p := decidetest.Pod("ns", "p", decidetest.PodOptions{Queue: "q", Gated: true})
+	q := decidetest.Queue("q", "", "1Gi", "")
 	base := &writeLog{Client: fake.NewClientBuilder().WithScheme(s).WithObjects(p, q).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()}
 	refused := 0
 	g := NewGuardClient(base, "tessera", "report", func() { refused++ })
@@ -227,37 +227,37 @@ func TestShadowCycleWritesOnlyReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices, err := admissiontest.NodeSlices("n1", admissiontest.NodeOptions{Profile: "h100-80gb:1"})
+	slices, err := decidetest.NodeSlices("n1", decidetest.NodeOptions{Profile: "h100-80gb:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t0 := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	objs := []client.Object{
-		admissiontest.Queue("team-a", "", "50Gi", "50Gi"),
-		admissiontest.Template("ns", "gpu30", admissiontest.Request{Memory: "30Gi"}),
-		admissiontest.Node("n1"),
+		decidetest.Queue("team-a", "", "50Gi", "50Gi"),
+		decidetest.Template("ns", "gpu30", decidetest.Request{Memory: "30Gi"}),
+		decidetest.Node("n1"),
 		// a: admitted and running (holds 30Gi); b: held by the active
 		// controller at the queue's limit.
-		ungated(admissiontest.Pod("ns", "a", admissiontest.PodOptions{Queue: "team-a", Claims: []string{"a-gpu"}, Created: t0})),
-		withCondition(admissiontest.Pod("ns", "b", admissiontest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t0}), admission.ReasonQueueLimit),
-		admissiontest.Claim("ns", "a-gpu", admissiontest.Request{Memory: "30Gi"}),
+		ungated(decidetest.Pod("ns", "a", decidetest.PodOptions{Queue: "team-a", Claims: []string{"a-gpu"}, Created: t0})),
+		withCondition(decidetest.Pod("ns", "b", decidetest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t0}), decide.ReasonQueueLimit),
+		decidetest.Claim("ns", "a-gpu", decidetest.Request{Memory: "30Gi"}),
 	}
 	for _, sl := range slices {
 		objs = append(objs, sl)
 	}
-	for _, c := range admissiontest.Classes() {
+	for _, c := range decidetest.Classes() {
 		objs = append(objs, c)
 	}
 	base := &writeLog{Client: fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()}
 	reg := prometheus.NewRegistry()
 	o := Options{Namespace: "tessera", Shadow: true, ShadowReport: "shadow-report", ApplyWorkers: 4, ResyncPeriod: time.Nanosecond, Registry: reg}
-	a := &Admitter{Client: base, Reader: base,
-		Engine:  admission.NewEngine(admission.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
+	a := &Reconciler{Client: base, Reader: base,
+		Engine:  decide.NewEngine(decide.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
 		Metrics: NewMetrics(reg), Opts: o}
-	if err := shadowAdmitter(a, base, o); err != nil {
+	if err := makeShadow(a, base, o); err != nil {
 		t.Fatal(err)
 	}
-	a.Shadow.Queues = []*v1alpha1.Queue{admissiontest.Queue("team-a", "", "100Gi", "100Gi")}
+	a.Shadow.Queues = []*v1alpha1.Queue{decidetest.Queue("team-a", "", "100Gi", "100Gi")}
 	for range 2 {
 		if _, err := a.Reconcile(ctx, CycleRequest); err != nil {
 			t.Fatal(err)
@@ -275,7 +275,7 @@ func TestShadowCycleWritesOnlyReport(t *testing.T) {
 	if err := base.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "b"}, &b); err != nil {
 		t.Fatal(err)
 	}
-	if !admission.HasAdmissionGate(&b) || len(b.Status.Conditions) != 1 || b.Status.Conditions[0].Reason != admission.ReasonQueueLimit {
+	if !decide.HasAdmissionGate(&b) || len(b.Status.Conditions) != 1 || b.Status.Conditions[0].Reason != decide.ReasonQueueLimit {
 		t.Errorf("the shadow touched pod b: gates %v, conditions %v", b.Spec.SchedulingGates, b.Status.Conditions)
 	}
 	var cm corev1.ConfigMap
@@ -289,7 +289,7 @@ func TestShadowCycleWritesOnlyReport(t *testing.T) {
 	if r.Cycles != 2 || len(r.Entries) != 1 || r.Entries[0].Kind != whatif.WouldAdmit || r.Entries[0].Workload != "ns/b" {
 		t.Fatalf("report: %d cycles, entries %+v", r.Cycles, r.Entries)
 	}
-	if !strings.Contains(r.Entries[0].Active, admission.ReasonQueueLimit) {
+	if !strings.Contains(r.Entries[0].Active, decide.ReasonQueueLimit) {
 		t.Errorf("the difference does not say why the active controller holds it: %q", r.Entries[0].Active)
 	}
 	if got := testutil.ToFloat64(a.Shadow.differences.WithLabelValues(whatif.WouldAdmit)); got != 1 {

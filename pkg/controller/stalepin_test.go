@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/controller"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // TestStalePinReplaced, against a real kube-apiserver: every admitted pod
@@ -27,12 +27,12 @@ func TestStalePinReplaced(t *testing.T) {
 	e.opts.StalePinGrace = 2 * time.Second
 	e.opts.ReplaceStalePins = true
 	e.gpuNode("node-1", "h100-80gb:8")
-	e.create(admissiontest.Queue("team", "", "", ""))
+	e.create(decidetest.Queue("team", "", "", ""))
 	e.startController()
 	defer e.stopController()
 
 	for _, n := range []string{"stuck", "orphan"} {
-		e.create(claim(n+"-gpu", admissiontest.Request{Memory: "4Gi"}))
+		e.create(claim(n+"-gpu", decidetest.Request{Memory: "4Gi"}))
 		e.create(asNew(claimPod(n, "team", n+"-gpu")))
 	}
 	e.waitAdmitted("stuck", "orphan")
@@ -89,7 +89,7 @@ func TestStalePinReplaced(t *testing.T) {
 	}
 
 	// The pinned node is deleted.
-	if err := e.c.Delete(e.ctx, admissiontest.Node("node-1")); err != nil {
+	if err := e.c.Delete(e.ctx, decidetest.Node("node-1")); err != nil {
 		t.Fatal(err)
 	}
 	gone("orphan")

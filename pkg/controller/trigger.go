@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // Triggers: why a cycle ran (the trigger label of MetricCyclesTotal).
@@ -94,7 +94,7 @@ func podTrigger(o, n *corev1.Pod) (string, bool) {
 		terminal(o) != terminal(n) {
 		return TriggerPod, true
 	}
-	if admission.HasAdmissionGate(n) {
+	if decide.HasAdmissionGate(n) {
 		// Status alone (the controller's own condition) changes nothing.
 		return TriggerPod, !apiequality.Semantic.DeepEqual(o.Spec, n.Spec) ||
 			!apiequality.Semantic.DeepEqual(o.Labels, n.Labels) || !apiequality.Semantic.DeepEqual(o.Annotations, n.Annotations)
@@ -125,7 +125,7 @@ func nodeReady(n *corev1.Node) bool {
 
 // Handler is the event handler of every watch: a relevant change is
 // recorded as a trigger and enqueues the one key.
-func (a *Admitter) Handler() handler.EventHandler {
+func (a *Reconciler) Handler() handler.EventHandler {
 	mark := func(old, new client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		if trig, ok := changeTrigger(old, new); ok {
 			a.Trigger(trig)
@@ -150,7 +150,7 @@ func (a *Admitter) Handler() handler.EventHandler {
 }
 
 // Trigger records a reason for the next cycle.
-func (a *Admitter) Trigger(trigger string) {
+func (a *Reconciler) Trigger(trigger string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.triggers == nil {

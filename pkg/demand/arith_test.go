@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/cel"
 
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
@@ -52,17 +52,17 @@ func TestRoundShareSaturates(t *testing.T) {
 // TestEstimateEdges: counts and capacity requests at the edges never
 // yield a charge that wrapped (negative or smaller than one device's).
 func TestEstimateEdges(t *testing.T) {
-	slices, err := admissiontest.NodeSlices("n1", admissiontest.NodeOptions{Profile: "h100-80gb:2"})
+	slices, err := decidetest.NodeSlices("n1", decidetest.NodeOptions{Profile: "h100-80gb:2"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat := NewCatalog(slices, admissiontest.Classes(), cel.NewCache(10, cel.Features{}))
-	one, err := cat.EstimateClaim(context.Background(), "c", ptrSpec(admissiontest.ClaimSpec(admissiontest.Request{})))
+	cat := NewCatalog(slices, decidetest.Classes(), cel.NewCache(10, cel.Features{}))
+	one, err := cat.EstimateClaim(context.Background(), "c", ptrSpec(decidetest.ClaimSpec(decidetest.Request{})))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, count := range []int64{resourceapi.AllocationResultsMaxSize, math.MaxInt32, 1 << 40, math.MaxInt64} {
-		spec := admissiontest.ClaimSpec(admissiontest.Request{})
+		spec := decidetest.ClaimSpec(decidetest.Request{})
 		spec.Devices.Requests[0].Exactly.Count = count
 		v, err := cat.EstimateClaim(context.Background(), "c", &spec)
 		if err != nil {
@@ -75,7 +75,7 @@ func TestEstimateEdges(t *testing.T) {
 		}
 	}
 	for _, q := range []string{"9223372036854775807", "1e18", "1e30", "-1", "-1e30", "0"} {
-		spec := admissiontest.ClaimSpec(admissiontest.Request{Memory: "1Gi", Count: resourceapi.AllocationResultsMaxSize})
+		spec := decidetest.ClaimSpec(decidetest.Request{Memory: "1Gi", Count: resourceapi.AllocationResultsMaxSize})
 		spec.Devices.Requests[0].Exactly.Capacity.Requests[devicemodel.CapMemory] = resource.MustParse(q)
 		v, err := cat.EstimateClaim(context.Background(), "c", &spec)
 		if err != nil {

@@ -12,8 +12,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/demand"
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
@@ -23,9 +23,9 @@ const mib = int64(1) << 20
 // H100 figures of the mock: 81559 MiB, 256 MiB reserved.
 const h100Usable = (81559 - 256) * mib
 
-func node(t *testing.T, name string, o admissiontest.NodeOptions) []*resourceapi.ResourceSlice {
+func node(t *testing.T, name string, o decidetest.NodeOptions) []*resourceapi.ResourceSlice {
 	t.Helper()
-	s, err := admissiontest.NodeSlices(name, o)
+	s, err := decidetest.NodeSlices(name, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,9 +33,9 @@ func node(t *testing.T, name string, o admissiontest.NodeOptions) []*resourceapi
 }
 
 func TestCapacity(t *testing.T) {
-	slices := append(node(t, "n1", admissiontest.NodeOptions{Profile: "dgxh100"}), node(t, "n2", admissiontest.NodeOptions{Profile: "h100-80gb:2", TimeSlices: 4})...)
-	slices = append(slices, node(t, "n3", admissiontest.NodeOptions{Profile: "h100-80gb:1", MIG: true})...)
-	c := demand.NewCatalog(slices, admissiontest.Classes(), cel.NewCache(10, cel.Features{}))
+	slices := append(node(t, "n1", decidetest.NodeOptions{Profile: "dgxh100"}), node(t, "n2", decidetest.NodeOptions{Profile: "h100-80gb:2", TimeSlices: 4})...)
+	slices = append(slices, node(t, "n3", decidetest.NodeOptions{Profile: "h100-80gb:1", MIG: true})...)
+	c := demand.NewCatalog(slices, decidetest.Classes(), cel.NewCache(10, cel.Features{}))
 	got := c.Capacity()
 	// A MIG GPU counts its largest profile (7g.80gb: 80896 MiB).
 	want := queue.Vector{queue.Memory: 10*h100Usable + 80896*mib, queue.GPUs: 11 * queue.GPU}
@@ -51,33 +51,33 @@ func TestEstimateMatchesAllocation(t *testing.T) {
 	ctx := context.Background()
 	tests := []struct {
 		name     string
-		node     admissiontest.NodeOptions
-		reqs     []admissiontest.Request
+		node     decidetest.NodeOptions
+		reqs     []decidetest.Request
 		want     queue.Vector
 		wantDevs int
 	}{
-		{"whole GPU", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{}},
+		{"whole GPU", decidetest.NodeOptions{Profile: "dgxh100"}, []decidetest.Request{{}},
 			queue.Vector{queue.Memory: h100Usable, queue.GPUs: queue.GPU}, 1},
-		{"two whole GPUs", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{Count: 2}},
+		{"two whole GPUs", decidetest.NodeOptions{Profile: "dgxh100"}, []decidetest.Request{{Count: 2}},
 			queue.Vector{queue.Memory: 2 * h100Usable, queue.GPUs: 2 * queue.GPU}, 2},
-		{"8Gi share", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{Memory: "8Gi"}},
+		{"8Gi share", decidetest.NodeOptions{Profile: "dgxh100"}, []decidetest.Request{{Memory: "8Gi"}},
 			queue.Vector{queue.Memory: 8192 * mib, queue.GPUs: 8192 * mib * queue.GPU / h100Usable}, 1},
-		{"share rounded up to 256Mi", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{Memory: "100Mi"}},
+		{"share rounded up to 256Mi", decidetest.NodeOptions{Profile: "dgxh100"}, []decidetest.Request{{Memory: "100Mi"}},
 			queue.Vector{queue.Memory: 256 * mib, queue.GPUs: 256 * mib * queue.GPU / h100Usable}, 1},
-		{"time slice of 4", admissiontest.NodeOptions{Profile: "h100-80gb:2", TimeSlices: 4}, []admissiontest.Request{{Class: "timeslice.tessera.dev"}},
+		{"time slice of 4", decidetest.NodeOptions{Profile: "h100-80gb:2", TimeSlices: 4}, []decidetest.Request{{Class: "timeslice.tessera.dev"}},
 			queue.Vector{queue.Memory: (h100Usable / 4) &^ (mib - 1), queue.GPUs: queue.GPU / 4}, 1},
-		{"MIG 3g.40gb", admissiontest.NodeOptions{Profile: "h100-80gb:1", MIG: true},
-			[]admissiontest.Request{{Class: "mig.tessera.dev", Selector: `device.attributes["gpu.tessera.dev"].migProfile == "3g.40gb"`}},
+		{"MIG 3g.40gb", decidetest.NodeOptions{Profile: "h100-80gb:1", MIG: true},
+			[]decidetest.Request{{Class: "mig.tessera.dev", Selector: `device.attributes["gpu.tessera.dev"].migProfile == "3g.40gb"`}},
 			queue.Vector{queue.Memory: 40192 * mib, queue.GPUs: 3 * queue.GPU / 7}, 1},
-		{"share and MIG-free GPU in one claim", admissiontest.NodeOptions{Profile: "dgxh100"}, []admissiontest.Request{{Memory: "10Gi"}, {}},
+		{"share and MIG-free GPU in one claim", decidetest.NodeOptions{Profile: "dgxh100"}, []decidetest.Request{{Memory: "10Gi"}, {}},
 			queue.Vector{queue.Memory: 10240*mib + h100Usable, queue.GPUs: 10240*mib*queue.GPU/h100Usable + queue.GPU}, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			slices := node(t, "n1", tc.node)
-			classes := admissiontest.Classes()
+			classes := decidetest.Classes()
 			cat := demand.NewCatalog(slices, classes, cel.NewCache(10, cel.Features{}))
-			claim := admissiontest.Claim("ns", "c", tc.reqs...)
+			claim := decidetest.Claim("ns", "c", tc.reqs...)
 			est, err := cat.EstimateClaim(ctx, "c", &claim.Spec)
 			if err != nil {
 				t.Fatal(err)
@@ -86,7 +86,7 @@ func TestEstimateMatchesAllocation(t *testing.T) {
 				t.Errorf("estimate %v (%v), want %v (%v)", est, est[:], tc.want, tc.want[:])
 			}
 			alloc := allocation.NewAllocator(slices, classes)
-			res, err := alloc.Allocate(ctx, admissiontest.Node("n1"), allocation.NewState(), claim)
+			res, err := alloc.Allocate(ctx, decidetest.Node("n1"), allocation.NewState(), claim)
 			if err != nil || res == nil {
 				t.Fatalf("allocate: %v %v", res, err)
 			}
@@ -104,19 +104,19 @@ func TestEstimateErrors(t *testing.T) {
 	ctx := context.Background()
 	other := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}}}}
-	cat := demand.NewCatalog(node(t, "n1", admissiontest.NodeOptions{Profile: "dgxh100"}), append(admissiontest.Classes(), other), cel.NewCache(10, cel.Features{}))
+	cat := demand.NewCatalog(node(t, "n1", decidetest.NodeOptions{Profile: "dgxh100"}), append(decidetest.Classes(), other), cel.NewCache(10, cel.Features{}))
 	tests := []struct {
 		name    string
-		req     admissiontest.Request
+		req     decidetest.Request
 		bad     bool
 		message string
 	}{
-		{"unknown class", admissiontest.Request{Class: "nope"}, true, `device class "nope" does not exist`},
-		{"nothing matches yet", admissiontest.Request{Class: "mig.tessera.dev"}, false, "no published gpu.tessera.dev device matches class mig.tessera.dev"},
+		{"unknown class", decidetest.Request{Class: "nope"}, true, `device class "nope" does not exist`},
+		{"nothing matches yet", decidetest.Request{Class: "mig.tessera.dev"}, false, "no published gpu.tessera.dev device matches class mig.tessera.dev"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			claim := admissiontest.Claim("ns", "c", tc.req)
+			claim := decidetest.Claim("ns", "c", tc.req)
 			_, err := cat.EstimateClaim(ctx, "c", &claim.Spec)
 			var bad *demand.BadInputError
 			if err == nil || errors.As(err, &bad) != tc.bad || !strings.Contains(err.Error(), tc.message) {
@@ -128,15 +128,15 @@ func TestEstimateErrors(t *testing.T) {
 
 func TestChargeOfSharesIsConsumedCapacity(t *testing.T) {
 	ctx := context.Background()
-	slices := node(t, "n1", admissiontest.NodeOptions{Profile: "h100-80gb:1"})
-	classes := admissiontest.Classes()
+	slices := node(t, "n1", decidetest.NodeOptions{Profile: "h100-80gb:1"})
+	classes := decidetest.Classes()
 	cat := demand.NewCatalog(slices, classes, cel.NewCache(10, cel.Features{}))
 	alloc := allocation.NewAllocator(slices, classes)
 	state := allocation.NewState()
 	var total queue.Vector
 	for i, size := range []string{"20Gi", "20Gi", "30Gi"} {
-		claim := admissiontest.Claim("ns", "c"+string(rune('a'+i)), admissiontest.Request{Memory: size})
-		res, err := alloc.Allocate(ctx, admissiontest.Node("n1"), state, claim)
+		claim := decidetest.Claim("ns", "c"+string(rune('a'+i)), decidetest.Request{Memory: size})
+		res, err := alloc.Allocate(ctx, decidetest.Node("n1"), state, claim)
 		if err != nil || res == nil {
 			t.Fatalf("share %d: %v %v", i, res, err)
 		}
@@ -147,7 +147,7 @@ func TestChargeOfSharesIsConsumedCapacity(t *testing.T) {
 		t.Errorf("three shares on one GPU charge %s, want 70Gi", queue.FormatAmount(queue.Memory, total[queue.Memory]))
 	}
 	// A fourth 20Gi share does not fit on the 79.4Gi GPU.
-	res, _ := alloc.Allocate(ctx, admissiontest.Node("n1"), state, admissiontest.Claim("ns", "cd", admissiontest.Request{Memory: "20Gi"}))
+	res, _ := alloc.Allocate(ctx, decidetest.Node("n1"), state, decidetest.Claim("ns", "cd", decidetest.Request{Memory: "20Gi"}))
 	if res != nil {
 		t.Error("a fourth 20Gi share fit")
 	}
@@ -164,13 +164,13 @@ func (o objs) Template(ns, name string) *resourceapi.ResourceClaimTemplate {
 }
 
 func TestPodClaims(t *testing.T) {
-	shared := admissiontest.Claim("ns", "shared", admissiontest.Request{Memory: "8Gi"})
-	gen := admissiontest.Claim("ns", "p-t0-abc", admissiontest.Request{})
+	shared := decidetest.Claim("ns", "shared", decidetest.Request{Memory: "8Gi"})
+	gen := decidetest.Claim("ns", "p-t0-abc", decidetest.Request{})
 	o := objs{
 		claims:    map[string]*resourceapi.ResourceClaim{"ns/shared": shared, "ns/p-t0-abc": gen},
-		templates: map[string]*resourceapi.ResourceClaimTemplate{"ns/tmpl": admissiontest.Template("ns", "tmpl", admissiontest.Request{})},
+		templates: map[string]*resourceapi.ResourceClaimTemplate{"ns/tmpl": decidetest.Template("ns", "tmpl", decidetest.Request{})},
 	}
-	p := admissiontest.Pod("ns", "p", admissiontest.PodOptions{Templates: []string{"tmpl"}, Claims: []string{"shared"}})
+	p := decidetest.Pod("ns", "p", decidetest.PodOptions{Templates: []string{"tmpl"}, Claims: []string{"shared"}})
 	pcs, err := demand.PodClaims(p, o)
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +184,7 @@ func TestPodClaims(t *testing.T) {
 	if !pcs[0].Exists || pcs[0].Claim != gen || pcs[0].Key != "pod:uid-pod-ns-p/t0" {
 		t.Errorf("generated claim not used: %+v", pcs[0])
 	}
-	p2 := admissiontest.Pod("ns", "p2", admissiontest.PodOptions{Templates: []string{"missing"}})
+	p2 := decidetest.Pod("ns", "p2", decidetest.PodOptions{Templates: []string{"missing"}})
 	if _, err := demand.PodClaims(p2, o); err == nil || !strings.Contains(err.Error(), "ResourceClaimTemplate missing does not exist") {
 		t.Errorf("missing template: %v", err)
 	}
@@ -198,7 +198,7 @@ func TestIsOurClass(t *testing.T) {
 		return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "c"},
 			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}}}
 	}
-	published := demand.NewCatalog(node(t, "n1", admissiontest.NodeOptions{Profile: "h100-80gb:1"}), nil, cel.NewCache(10, cel.Features{}))
+	published := demand.NewCatalog(node(t, "n1", decidetest.NodeOptions{Profile: "h100-80gb:1"}), nil, cel.NewCache(10, cel.Features{}))
 	empty := demand.NewCatalog(nil, nil, cel.NewCache(10, cel.Features{}))
 	for _, tt := range []struct {
 		expr      string
@@ -220,7 +220,7 @@ func TestIsOurClass(t *testing.T) {
 			t.Errorf("%s before any device is published: %v, want %v", tt.expr, got, tt.empty)
 		}
 	}
-	for _, dc := range admissiontest.Classes() {
+	for _, dc := range decidetest.Classes() {
 		if !published.IsOurClass(ctx, dc) {
 			t.Errorf("the chart's class %s is not ours", dc.Name)
 		}

@@ -6,8 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/whatif"
 	"github.com/tessera-dev/tessera/pkg/whatif/mocknodes"
 )
@@ -39,7 +39,7 @@ is written to the cluster.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			base := admission.DefaultConfig()
+			base := decide.DefaultConfig()
 			if version != "" {
 				f, err := allocation.FeaturesFor(version)
 				if err != nil {

@@ -15,26 +15,26 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/whatif"
 )
 
 // what-if --from a saved snapshot: a higher limit starts the gated pod the
 // queue's limit holds; removing the node makes both wait.
 func TestWhatIfFromSnapshot(t *testing.T) {
-	slices, err := admissiontest.NodeSlices("n1", admissiontest.NodeOptions{Profile: "h100-80gb:1"})
+	slices, err := decidetest.NodeSlices("n1", decidetest.NodeOptions{Profile: "h100-80gb:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t0 := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	st := &whatif.State{
-		Queues:    []*v1alpha1.Queue{admissiontest.Queue("team-a", "", "50Gi", "50Gi")},
-		Templates: []*resourceapi.ResourceClaimTemplate{admissiontest.Template("ns", "gpu30", admissiontest.Request{Memory: "30Gi"})},
+		Queues:    []*v1alpha1.Queue{decidetest.Queue("team-a", "", "50Gi", "50Gi")},
+		Templates: []*resourceapi.ResourceClaimTemplate{decidetest.Template("ns", "gpu30", decidetest.Request{Memory: "30Gi"})},
 		Pods: []*corev1.Pod{
-			admissiontest.Pod("ns", "a", admissiontest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t0}),
-			admissiontest.Pod("ns", "b", admissiontest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: metav1.NewTime(t0.Add(time.Second))}),
+			decidetest.Pod("ns", "a", decidetest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t0}),
+			decidetest.Pod("ns", "b", decidetest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: metav1.NewTime(t0.Add(time.Second))}),
 		},
-		Slices: slices, Classes: admissiontest.Classes(), Nodes: []*corev1.Node{admissiontest.Node("n1")},
+		Slices: slices, Classes: decidetest.Classes(), Nodes: []*corev1.Node{decidetest.Node("n1")},
 	}
 	dir := t.TempDir()
 	var buf bytes.Buffer

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	admissionpkg "github.com/tessera-dev/tessera/pkg/admission"
+	admissionpkg "github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // BenchmarkMixedTrace replays 100 jobs of the mixed trace on a small

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	admissionpkg "github.com/tessera-dev/tessera/pkg/admission"
+	admissionpkg "github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // QueueSpec is one Queue of the controller, with a GPU memory quota and

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	admissionpkg "github.com/tessera-dev/tessera/pkg/admission"
+	admissionpkg "github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // TestAdmissionShortcutsDecideAsExact decides random mixed traces behind

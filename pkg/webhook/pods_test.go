@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
@@ -27,9 +27,9 @@ func namespace(name string, labels map[string]string) *corev1.Namespace {
 // namespace out.
 func TestPodGaterNamespaces(t *testing.T) {
 	s := scheme(t)
-	teamA := admissiontest.Queue("team-a", "", "16Gi", "")
+	teamA := decidetest.Queue("team-a", "", "16Gi", "")
 	teamA.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}
-	open := admissiontest.Queue("default", "", "", "")
+	open := decidetest.Queue("default", "", "", "")
 	r := fake.NewClientBuilder().WithScheme(s).WithObjects(teamA, open,
 		namespace("a-ns", map[string]string{"team": "a"}),
 		namespace("b-ns", map[string]string{"team": "b"}),
@@ -37,7 +37,7 @@ func TestPodGaterNamespaces(t *testing.T) {
 	).Build()
 	g := &webhook.PodGater{Decoder: webhook.NewDecoder(s), Reader: r}
 	ctx := context.Background()
-	withClaim := admissiontest.PodOptions{Templates: []string{"gpu"}}
+	withClaim := decidetest.PodOptions{Templates: []string{"gpu"}}
 	for _, tc := range []struct {
 		name       string
 		pod        *corev1.Pod
@@ -45,16 +45,16 @@ func TestPodGaterNamespaces(t *testing.T) {
 		wantQueue  string // the queue label the patch sets ("" = none)
 		wantGate   bool
 	}{
-		{"matching namespace", admissiontest.Pod("a-ns", "p", admissiontest.PodOptions{Queue: "team-a"}), "", "", true},
-		{"other team's namespace", admissiontest.Pod("b-ns", "p", admissiontest.PodOptions{Queue: "team-a"}), `queue team-a takes pods only from namespaces matching its namespaceSelector "team=a"; namespace b-ns does not match`, "", false},
-		{"already gated, still checked", admissiontest.Pod("b-ns", "p", admissiontest.PodOptions{Queue: "team-a", Gated: true}), "namespace b-ns does not match", "", false},
-		{"queue without a selector takes every namespace", admissiontest.Pod("b-ns", "p", admissiontest.PodOptions{Queue: "default"}), "", "", true},
-		{"unknown queue: the controller says so later", admissiontest.Pod("b-ns", "p", admissiontest.PodOptions{Queue: "nope"}), "", "", true},
-		{"managed namespace: claim user gets its queue", admissiontest.Pod("managed", "p", withClaim), "", "team-a", true},
-		{"managed namespace: own label wins", admissiontest.Pod("managed", "p", admissiontest.PodOptions{Queue: "default", Templates: []string{"gpu"}}), "", "", true},
-		{"managed namespace: gated without label still gets it", admissiontest.Pod("managed", "p", admissiontest.PodOptions{Templates: []string{"gpu"}, Gated: true}), "", "team-a", false},
-		{"managed namespace: no claim, not touched", admissiontest.Pod("managed", "p", admissiontest.PodOptions{}), "", "", false},
-		{"unmanaged namespace: unlabelled claim user not touched", admissiontest.Pod("a-ns", "p", withClaim), "", "", false},
+		{"matching namespace", decidetest.Pod("a-ns", "p", decidetest.PodOptions{Queue: "team-a"}), "", "", true},
+		{"other team's namespace", decidetest.Pod("b-ns", "p", decidetest.PodOptions{Queue: "team-a"}), `queue team-a takes pods only from namespaces matching its namespaceSelector "team=a"; namespace b-ns does not match`, "", false},
+		{"already gated, still checked", decidetest.Pod("b-ns", "p", decidetest.PodOptions{Queue: "team-a", Gated: true}), "namespace b-ns does not match", "", false},
+		{"queue without a selector takes every namespace", decidetest.Pod("b-ns", "p", decidetest.PodOptions{Queue: "default"}), "", "", true},
+		{"unknown queue: the controller says so later", decidetest.Pod("b-ns", "p", decidetest.PodOptions{Queue: "nope"}), "", "", true},
+		{"managed namespace: claim user gets its queue", decidetest.Pod("managed", "p", withClaim), "", "team-a", true},
+		{"managed namespace: own label wins", decidetest.Pod("managed", "p", decidetest.PodOptions{Queue: "default", Templates: []string{"gpu"}}), "", "", true},
+		{"managed namespace: gated without label still gets it", decidetest.Pod("managed", "p", decidetest.PodOptions{Templates: []string{"gpu"}, Gated: true}), "", "team-a", false},
+		{"managed namespace: no claim, not touched", decidetest.Pod("managed", "p", decidetest.PodOptions{}), "", "", false},
+		{"unmanaged namespace: unlabelled claim user not touched", decidetest.Pod("a-ns", "p", withClaim), "", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := g.Handle(ctx, request(t, admissionv1.Create, "p", tc.pod))
@@ -83,7 +83,7 @@ func TestPodGaterNamespaces(t *testing.T) {
 			}
 		})
 	}
-	bound := admissiontest.Pod("managed", "p", withClaim)
+	bound := decidetest.Pod("managed", "p", withClaim)
 	bound.Spec.NodeName = "n1"
 	if resp := g.Handle(ctx, request(t, admissionv1.Create, "p", bound)); resp.Allowed {
 		t.Error("a claim user bound at creation in a managed namespace skips its queue: want refused")
@@ -95,20 +95,20 @@ func TestPodGaterNamespaces(t *testing.T) {
 func TestClaimValidator(t *testing.T) {
 	s := scheme(t)
 	objs := []client.Object{
-		admissiontest.Template("ns", "gpu", admissiontest.Request{Memory: "4Gi"}),
-		admissiontest.Template("ns", "slice", admissiontest.Request{Class: "timeslice.tessera.dev"}),
-		admissiontest.Claim("ns", "shared-gpu", admissiontest.Request{}),
-		admissiontest.Template("ns", "nic", admissiontest.Request{Class: "nic.example.com"}),
+		decidetest.Template("ns", "gpu", decidetest.Request{Memory: "4Gi"}),
+		decidetest.Template("ns", "slice", decidetest.Request{Class: "timeslice.tessera.dev"}),
+		decidetest.Claim("ns", "shared-gpu", decidetest.Request{}),
+		decidetest.Template("ns", "nic", decidetest.Request{Class: "nic.example.com"}),
 		&resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"}, Spec: resourceapi.DeviceClassSpec{
 			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}},
 		}},
 	}
-	for _, dc := range admissiontest.Classes() {
+	for _, dc := range decidetest.Classes() {
 		objs = append(objs, dc)
 	}
 	v := &webhook.ClaimValidator{Decoder: webhook.NewDecoder(s), Reader: fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build(), Driver: "gpu.tessera.dev"}
 	pod := func(templates []string, claims []string, init bool) *corev1.Pod {
-		p := admissiontest.Pod("ns", "p", admissiontest.PodOptions{Templates: templates, Claims: claims})
+		p := decidetest.Pod("ns", "p", decidetest.PodOptions{Templates: templates, Claims: claims})
 		c := &p.Spec.Containers[0]
 		if init {
 			p.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "busybox"}}

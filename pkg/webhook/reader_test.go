@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
@@ -82,13 +82,13 @@ func TestCacheFirst(t *testing.T) {
 func TestPodGaterReadsThroughStaleNamespace(t *testing.T) {
 	s := scheme(t)
 	ctx := context.Background()
-	withClaim := admissiontest.PodOptions{Templates: []string{"gpu"}}
+	withClaim := decidetest.PodOptions{Templates: []string{"gpu"}}
 	tests := []struct {
 		name      string
 		cached    map[string]string // the namespace's labels in the cache
 		api       map[string]string // and in the API server
 		apiErr    error
-		pod       admissiontest.PodOptions
+		pod       decidetest.PodOptions
 		wantQueue string // the queue the patch stamps; "" = none
 		wantGate  bool
 		wantError bool
@@ -98,16 +98,16 @@ func TestPodGaterReadsThroughStaleNamespace(t *testing.T) {
 		{name: "unmanaged in both: not touched", cached: nil, api: nil, pod: withClaim, wantAPI: 1},
 		{name: "API server unreachable: refused, not let through", cached: nil, api: map[string]string{v1alpha1.QueueLabel: "team-a"}, apiErr: errors.New("connection refused"), pod: withClaim, wantError: true, wantAPI: 1},
 		{name: "managed in the cache: not asked", cached: map[string]string{v1alpha1.QueueLabel: "team-a"}, api: map[string]string{v1alpha1.QueueLabel: "team-a"}, pod: withClaim, wantQueue: "team-a", wantGate: true},
-		{name: "the pod names its queue: not asked", cached: nil, api: map[string]string{v1alpha1.QueueLabel: "team-a"}, pod: admissiontest.PodOptions{Queue: "team-a", Templates: []string{"gpu"}}, wantGate: true},
-		{name: "no claim: not asked, not touched", cached: nil, api: map[string]string{v1alpha1.QueueLabel: "team-a"}, pod: admissiontest.PodOptions{}},
+		{name: "the pod names its queue: not asked", cached: nil, api: map[string]string{v1alpha1.QueueLabel: "team-a"}, pod: decidetest.PodOptions{Queue: "team-a", Templates: []string{"gpu"}}, wantGate: true},
+		{name: "no claim: not asked, not touched", cached: nil, api: map[string]string{v1alpha1.QueueLabel: "team-a"}, pod: decidetest.PodOptions{}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			queue := admissiontest.Queue("team-a", "", "16Gi", "")
+			queue := decidetest.Queue("team-a", "", "16Gi", "")
 			cache := &countingReader{Reader: fake.NewClientBuilder().WithScheme(s).WithObjects(namespace("ns", tc.cached), queue.DeepCopy()).Build()}
 			api := &countingReader{Reader: fake.NewClientBuilder().WithScheme(s).WithObjects(namespace("ns", tc.api), queue.DeepCopy()).Build(), err: tc.apiErr}
 			g := &webhook.PodGater{Decoder: webhook.NewDecoder(s), Reader: webhook.CacheFirst(cache, api)}
-			resp := g.Handle(ctx, request(t, admissionv1.Create, "p", admissiontest.Pod("ns", "p", tc.pod)))
+			resp := g.Handle(ctx, request(t, admissionv1.Create, "p", decidetest.Pod("ns", "p", tc.pod)))
 			if api.gets != tc.wantAPI {
 				t.Errorf("API server asked %d times, want %d", api.gets, tc.wantAPI)
 			}
@@ -140,12 +140,12 @@ func TestPodGaterReadsThroughStaleNamespace(t *testing.T) {
 // tessera.dev/ label or annotation it adds is tessera.dev/queue.
 func TestPodGaterWritesOnlyTheQueueLabel(t *testing.T) {
 	s := scheme(t)
-	r := fake.NewClientBuilder().WithScheme(s).WithObjects(namespace("managed", map[string]string{v1alpha1.QueueLabel: "team-a"}), admissiontest.Queue("team-a", "", "16Gi", "")).Build()
+	r := fake.NewClientBuilder().WithScheme(s).WithObjects(namespace("managed", map[string]string{v1alpha1.QueueLabel: "team-a"}), decidetest.Queue("team-a", "", "16Gi", "")).Build()
 	g := &webhook.PodGater{Decoder: webhook.NewDecoder(s), Reader: r}
-	for _, o := range []admissiontest.PodOptions{
+	for _, o := range []decidetest.PodOptions{
 		{Templates: []string{"gpu"}}, {Queue: "team-a"}, {Queue: "team-a", Gang: "g", GangSize: "2"}, {Templates: []string{"gpu"}, Gated: true},
 	} {
-		resp := g.Handle(context.Background(), request(t, admissionv1.Create, "p", admissiontest.Pod("managed", "p", o)))
+		resp := g.Handle(context.Background(), request(t, admissionv1.Create, "p", decidetest.Pod("managed", "p", o)))
 		if !resp.Allowed {
 			t.Fatalf("%+v refused: %v", o, resp.Result)
 		}

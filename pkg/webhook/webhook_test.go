@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
@@ -51,9 +51,9 @@ func TestPodGater(t *testing.T) {
 		pod       *corev1.Pod
 		wantPatch bool
 	}{
-		{"labelled pod is gated", admissiontest.Pod("ns", "p", admissiontest.PodOptions{Queue: "team-a"}), true},
-		{"unlabelled pod is not touched", admissiontest.Pod("ns", "p", admissiontest.PodOptions{}), false},
-		{"already gated", admissiontest.Pod("ns", "p", admissiontest.PodOptions{Queue: "team-a", Gated: true}), false},
+		{"labelled pod is gated", decidetest.Pod("ns", "p", decidetest.PodOptions{Queue: "team-a"}), true},
+		{"unlabelled pod is not touched", decidetest.Pod("ns", "p", decidetest.PodOptions{}), false},
+		{"already gated", decidetest.Pod("ns", "p", decidetest.PodOptions{Queue: "team-a", Gated: true}), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := g.Handle(ctx, request(t, admissionv1.Create, "p", tc.pod))
@@ -71,7 +71,7 @@ func TestPodGater(t *testing.T) {
 			}
 		})
 	}
-	bound := admissiontest.Pod("ns", "p", admissiontest.PodOptions{Queue: "team-a"})
+	bound := decidetest.Pod("ns", "p", decidetest.PodOptions{Queue: "team-a"})
 	bound.Spec.NodeName = "n1"
 	if resp := g.Handle(ctx, request(t, admissionv1.Create, "p", bound)); !resp.Allowed || len(resp.Patches) > 0 || len(resp.Warnings) == 0 {
 		t.Errorf("a pod bound at creation cannot be gated: want allowed, unpatched, with a warning; got %+v", resp)
@@ -80,7 +80,7 @@ func TestPodGater(t *testing.T) {
 
 func TestQueueValidator(t *testing.T) {
 	s := scheme(t)
-	existing := []*v1alpha1.Queue{admissiontest.Queue("org", "", "", ""), admissiontest.Queue("team-a", "org", "16Gi", "")}
+	existing := []*v1alpha1.Queue{decidetest.Queue("org", "", "", ""), decidetest.Queue("team-a", "org", "16Gi", "")}
 	b := fake.NewClientBuilder().WithScheme(s)
 	for _, q := range existing {
 		b = b.WithObjects(q)
@@ -93,10 +93,10 @@ func TestQueueValidator(t *testing.T) {
 		q    *v1alpha1.Queue
 		want string // "" = allowed
 	}{
-		{"valid", admissionv1.Create, admissiontest.Queue("team-b", "org", "8Gi", "16Gi"), ""},
-		{"unknown parent", admissionv1.Create, admissiontest.Queue("team-b", "nope", "", ""), `queue "nope" does not exist`},
-		{"quota above limit", admissionv1.Create, admissiontest.Queue("team-b", "org", "32Gi", "16Gi"), "quota 32Gi is above limit 16Gi"},
-		{"cycle", admissionv1.Update, admissiontest.Queue("org", "team-a", "", ""), "would make a cycle (org -> team-a -> org)"},
+		{"valid", admissionv1.Create, decidetest.Queue("team-b", "org", "8Gi", "16Gi"), ""},
+		{"unknown parent", admissionv1.Create, decidetest.Queue("team-b", "nope", "", ""), `queue "nope" does not exist`},
+		{"quota above limit", admissionv1.Create, decidetest.Queue("team-b", "org", "32Gi", "16Gi"), "quota 32Gi is above limit 16Gi"},
+		{"cycle", admissionv1.Update, decidetest.Queue("org", "team-a", "", ""), "would make a cycle (org -> team-a -> org)"},
 		{"delete a parent", admissionv1.Delete, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "org"}}, "queue org is the parent of team-a"},
 		{"delete a leaf", admissionv1.Delete, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}, ""},
 	} {
@@ -120,13 +120,13 @@ func TestQueueValidator(t *testing.T) {
 	}
 	// Canary queues: a child naming another controller than its root's is
 	// allowed with a warning that says it is not followed and the fix.
-	split := admissiontest.Queue("team-b", "org", "", "")
+	split := decidetest.Queue("team-b", "org", "", "")
 	split.Spec.ControllerName = "canary"
 	resp := v.Handle(ctx, request(t, admissionv1.Create, split.Name, split))
 	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "set spec.controllerName on org") {
 		t.Errorf("a split child: allowed=%v, warnings %v; want allowed with a warning naming the fix", resp.Allowed, resp.Warnings)
 	}
-	root := admissiontest.Queue("lab", "", "", "")
+	root := decidetest.Queue("lab", "", "", "")
 	root.Spec.ControllerName = "canary"
 	if resp := v.Handle(ctx, request(t, admissionv1.Create, root.Name, root)); !resp.Allowed || len(resp.Warnings) != 0 {
 		t.Errorf("a root naming the canary: allowed=%v, warnings %v", resp.Allowed, resp.Warnings)

@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // NodeGroup is Count nodes of one mock profile (e.g. dgxh100).
@@ -41,7 +41,7 @@ type Change struct {
 	RemoveNodes []string
 	// Config is the engine's configuration after the change; nil keeps
 	// the one before.
-	Config *admission.Config
+	Config *decide.Config
 }
 
 // Apply returns the state with the change made (the input is not
@@ -153,7 +153,7 @@ var DecisionFlags = []string{"reclaim", "max-reclaims-per-cycle", "kubernetes-ve
 // --max-reclaims-per-cycle=4, --kubernetes-version=v1.35.2,
 // --scheduler-feature-gates=...) into an engine configuration, starting
 // from base. Flags that do not change decisions are refused by name.
-func ParseControllerFlags(args string, base admission.Config) (admission.Config, error) {
+func ParseControllerFlags(args string, base decide.Config) (decide.Config, error) {
 	fs := pflag.NewFlagSet("controller-flags", pflag.ContinueOnError)
 	fs.SetOutput(new(strings.Builder))
 	reclaim := fs.Bool("reclaim", base.Reclaim, "")

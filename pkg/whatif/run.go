@@ -9,7 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // Outcomes of a workload in one cycle.
@@ -31,14 +31,14 @@ type Outcome struct {
 // Result is one cycle's outcomes, by workload key.
 type Result struct {
 	Outcomes map[string]Outcome
-	Stats    admission.Stats
+	Stats    decide.Stats
 }
 
 // Decide runs one admission cycle on the state with a fresh engine (the
 // reservations of admitted but unallocated claims rebuilt from the state,
 // as a restarted controller does).
-func Decide(ctx context.Context, s *State, cfg admission.Config) (*Result, error) {
-	d, err := admission.NewEngine(cfg).Decide(ctx, s.Snapshot())
+func Decide(ctx context.Context, s *State, cfg decide.Config) (*Result, error) {
+	d, err := decide.NewEngine(cfg).Decide(ctx, s.Snapshot())
 	if err != nil {
 		return nil, err
 	}
@@ -46,10 +46,10 @@ func Decide(ctx context.Context, s *State, cfg admission.Config) (*Result, error
 }
 
 // Outcomes lists a decision's admissions, waits and evictions.
-func Outcomes(d *admission.Decision) *Result {
+func Outcomes(d *decide.Decision) *Result {
 	r := &Result{Outcomes: map[string]Outcome{}, Stats: d.Stats}
 	for _, a := range d.Admit {
-		r.Outcomes[a.Workload.Key] = Outcome{Queue: a.Workload.QueueName, Workload: a.Workload.Key, Pods: len(a.Pods), What: Start, Reason: admission.ReasonAdmitted, Message: a.Message}
+		r.Outcomes[a.Workload.Key] = Outcome{Queue: a.Workload.QueueName, Workload: a.Workload.Key, Pods: len(a.Pods), What: Start, Reason: decide.ReasonAdmitted, Message: a.Message}
 	}
 	for _, v := range d.Waiting {
 		r.Outcomes[v.Workload.Key] = Outcome{Queue: v.Workload.QueueName, Workload: v.Workload.Key, Pods: len(v.Workload.Pods), What: Wait, Reason: v.Reason, Message: v.Message}
@@ -57,7 +57,7 @@ func Outcomes(d *admission.Decision) *Result {
 	for _, e := range d.Evict {
 		reason := e.Reason
 		if reason == "" {
-			reason = admission.ReasonReclaimed
+			reason = decide.ReasonReclaimed
 		}
 		r.Outcomes[e.Workload.Key] = Outcome{Queue: e.Workload.QueueName, Workload: e.Workload.Key, Pods: len(e.Pods), What: Reclaim, Reason: reason, Message: e.Message}
 	}
@@ -72,7 +72,7 @@ type Comparison struct {
 }
 
 // Run decides the state as it is (with before) and with the change.
-func Run(ctx context.Context, s *State, before admission.Config, c Change) (*Comparison, error) {
+func Run(ctx context.Context, s *State, before decide.Config, c Change) (*Comparison, error) {
 	b, err := Decide(ctx, s, before)
 	if err != nil {
 		return nil, fmt.Errorf("before: %w", err)

@@ -1,4 +1,4 @@
-// Package whatif runs the admission engine (pkg/admission) on the state of
+// Package whatif runs the admission engine (pkg/decide) on the state of
 // a live cluster, or on a saved copy of it, with and without a change
 // (new queues, added or removed nodes, other decision flags), and says per
 // queue what would start, wait and be reclaimed before and after. It also
@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
+	"github.com/tessera-dev/tessera/pkg/decide"
 )
 
 // State is what one admission cycle reads: the same lists the controller
@@ -106,8 +106,8 @@ func ptrs[T any](items []T) []*T {
 
 // Snapshot is the admission engine's view of the state (shared objects:
 // the engine does not modify them).
-func (s *State) Snapshot() *admission.Snapshot {
-	snap := &admission.Snapshot{Queues: s.Queues, Pods: s.Pods, Claims: s.Claims, Templates: s.Templates,
+func (s *State) Snapshot() *decide.Snapshot {
+	snap := &decide.Snapshot{Queues: s.Queues, Pods: s.Pods, Claims: s.Claims, Templates: s.Templates,
 		Slices: s.Slices, Classes: s.Classes, Nodes: s.Nodes, Namespaces: s.Namespaces, TaintRules: s.TaintRules}
 	if snap.TaintRules == nil {
 		snap.TaintRules = []*resourceapi.DeviceTaintRule{}

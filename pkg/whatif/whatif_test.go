@@ -14,44 +14,44 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // cluster: node n1 with one H100 (80GB), queue team-a limited to 50Gi of
 // GPU memory, two gated pods of team-a asking 30Gi each (a then b).
 func cluster(t *testing.T) *State {
 	t.Helper()
-	slices, err := admissiontest.NodeSlices("n1", admissiontest.NodeOptions{Profile: "h100-80gb:1"})
+	slices, err := decidetest.NodeSlices("n1", decidetest.NodeOptions{Profile: "h100-80gb:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t0 := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	t1 := metav1.NewTime(t0.Add(time.Second))
 	return &State{
-		Queues:    []*v1alpha1.Queue{admissiontest.Queue("team-a", "", "50Gi", "50Gi")},
-		Templates: []*resourceClaimTemplate{admissiontest.Template("ns", "gpu30", admissiontest.Request{Memory: "30Gi"})},
+		Queues:    []*v1alpha1.Queue{decidetest.Queue("team-a", "", "50Gi", "50Gi")},
+		Templates: []*resourceClaimTemplate{decidetest.Template("ns", "gpu30", decidetest.Request{Memory: "30Gi"})},
 		Pods: []*podT{
-			admissiontest.Pod("ns", "a", admissiontest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t0}),
-			admissiontest.Pod("ns", "b", admissiontest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t1}),
+			decidetest.Pod("ns", "a", decidetest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t0}),
+			decidetest.Pod("ns", "b", decidetest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t1}),
 		},
 		Slices:  slices,
-		Classes: admissiontest.Classes(),
-		Nodes:   []*nodeT{admissiontest.Node("n1")},
+		Classes: decidetest.Classes(),
+		Nodes:   []*nodeT{decidetest.Node("n1")},
 	}
 }
 
 func TestMoreQuotaStartsGatedPod(t *testing.T) {
 	ctx := context.Background()
 	s := cluster(t)
-	c, err := Run(ctx, s, admission.DefaultConfig(), Change{Queues: []*v1alpha1.Queue{admissiontest.Queue("team-a", "", "70Gi", "70Gi")}})
+	c, err := Run(ctx, s, decide.DefaultConfig(), Change{Queues: []*v1alpha1.Queue{decidetest.Queue("team-a", "", "70Gi", "70Gi")}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o := c.Before.Outcomes["ns/a"]; o.What != Start {
 		t.Errorf("before: ns/a %+v, want start", o)
 	}
-	if o := c.Before.Outcomes["ns/b"]; o.What != Wait || o.Reason != admission.ReasonQueueLimit {
+	if o := c.Before.Outcomes["ns/b"]; o.What != Wait || o.Reason != decide.ReasonQueueLimit {
 		t.Errorf("before: ns/b %+v, want wait QueueLimit", o)
 	}
 	if o := c.After.Outcomes["ns/b"]; o.What != Start {
@@ -76,7 +76,7 @@ func TestMoreQuotaStartsGatedPod(t *testing.T) {
 
 func TestRemovingNodeMakesPodsWait(t *testing.T) {
 	ctx := context.Background()
-	c, err := Run(ctx, cluster(t), admission.DefaultConfig(), Change{RemoveNodes: []string{"n1"}})
+	c, err := Run(ctx, cluster(t), decide.DefaultConfig(), Change{RemoveNodes: []string{"n1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestRemovingNodeMakesPodsWait(t *testing.T) {
 	if o := c.After.Outcomes["ns/a"]; o.What != Wait {
 		t.Errorf("after: ns/a %+v, want wait", o)
 	}
-	if _, err := Run(ctx, cluster(t), admission.DefaultConfig(), Change{RemoveNodes: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), "no such node") {
+	if _, err := Run(ctx, cluster(t), decide.DefaultConfig(), Change{RemoveNodes: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), "no such node") {
 		t.Errorf("removing an unknown node: %v", err)
 	}
 }
@@ -98,10 +98,10 @@ func TestAddedNodes(t *testing.T) {
 	// The slices of a mock node, as the node side makes them (mocknodes
 	// passes the plugin's own path; its test checks that).
 	slicer := func(_ context.Context, profile, node string) ([]*resourceapi.ResourceSlice, error) {
-		return admissiontest.NodeSlices(node, admissiontest.NodeOptions{Profile: profile})
+		return decidetest.NodeSlices(node, decidetest.NodeOptions{Profile: profile})
 	}
 	groups := []NodeGroup{{Count: 1, Profile: "h100-80gb:1"}}
-	c, err := Run(ctx, s, admission.DefaultConfig(), Change{AddNodes: groups, NodeSlices: slicer})
+	c, err := Run(ctx, s, decide.DefaultConfig(), Change{AddNodes: groups, NodeSlices: slicer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,11 +124,11 @@ func TestAddedNodes(t *testing.T) {
 }
 
 func TestControllerFlags(t *testing.T) {
-	cfg, err := ParseControllerFlags("--reclaim=false --max-reclaims-per-cycle=3", admission.DefaultConfig())
+	cfg, err := ParseControllerFlags("--reclaim=false --max-reclaims-per-cycle=3", decide.DefaultConfig())
 	if err != nil || cfg.Reclaim || cfg.MaxReclaimsPerCycle != 3 {
 		t.Errorf("got %+v, %v", cfg, err)
 	}
-	if _, err := ParseControllerFlags("--pin-nodes=none", admission.DefaultConfig()); err == nil || !strings.Contains(err.Error(), "pin-nodes") {
+	if _, err := ParseControllerFlags("--pin-nodes=none", decide.DefaultConfig()); err == nil || !strings.Contains(err.Error(), "pin-nodes") {
 		t.Errorf("a flag that does not change decisions: %v", err)
 	}
 }
@@ -162,11 +162,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if len(loaded.Objects()) != len(read.Objects()) {
 		t.Fatalf("loaded %d objects, saved %d", len(loaded.Objects()), len(read.Objects()))
 	}
-	a, err := Decide(ctx, read, admission.DefaultConfig())
+	a, err := Decide(ctx, read, decide.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Decide(ctx, loaded, admission.DefaultConfig())
+	b, err := Decide(ctx, loaded, decide.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package admission
+package decide
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"bufio"
@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // TestDemoQueues replays demo/queues step by step on a simulated node like
@@ -66,7 +66,7 @@ func TestDemoQueues(t *testing.T) {
 		settle()
 		switch step {
 		case "30-gang.yaml":
-			expectVerdict(t, w, "train-0", admission.ReasonDoesNotFit,
+			expectVerdict(t, w, "train-0", decide.ReasonDoesNotFit,
 				"queue team-b: needs 20Gi gpu memory; quota 4Gi, in use 4Gi, no limit; over quota and no idle capacity fits it (gang train: 3 of 4 members' claims fit)")
 		case "40-gang-starts.yaml":
 			// a-1's sleep ends.
@@ -85,7 +85,7 @@ func TestDemoQueues(t *testing.T) {
 			w.remove(names("train-%d", 4)...)
 			settle()
 		case "60-limit.yaml":
-			expectVerdict(t, w, "a-3", admission.ReasonQueueLimit, "queue team-a: needs 8Gi gpu memory; quota 12Gi, in use 8Gi, limit 12Gi")
+			expectVerdict(t, w, "a-3", decide.ReasonQueueLimit, "queue team-a: needs 8Gi gpu memory; quota 12Gi, in use 8Gi, limit 12Gi")
 		}
 		for name, want := range expect {
 			p := findPod(w, name)

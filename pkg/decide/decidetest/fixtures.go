@@ -2,7 +2,7 @@
 // tests and benchmarks: nodes whose ResourceSlices are published exactly as
 // the kubelet plugin publishes them (nvmlmock -> discover -> devicemodel ->
 // publish), the shipped DeviceClasses, and pods, templates and claims.
-package admissiontest
+package decidetest
 
 import (
 	"context"

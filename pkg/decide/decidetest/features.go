@@ -1,4 +1,4 @@
-package admissiontest
+package decidetest
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"context"
@@ -14,9 +14,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // world is a simulated cluster the tests drive: the engine decides, the
@@ -25,20 +25,20 @@ import (
 // scheduler's allocator, like kube-scheduler would.
 type world struct {
 	t      testing.TB
-	snap   admission.Snapshot
-	eng    *admission.Engine
+	snap   decide.Snapshot
+	eng    *decide.Engine
 	clock  time.Time
 	slices map[string][]*resourceapi.ResourceSlice
-	last   *admission.Decision
+	last   *decide.Decision
 	// placed remembers where the admission put each pod, order in which.
 	placed map[types.UID]string
 	order  map[types.UID]int
 }
 
-func newWorld(t testing.TB, cfg admission.Config) *world {
-	return &world{t: t, eng: admission.NewEngine(cfg), clock: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+func newWorld(t testing.TB, cfg decide.Config) *world {
+	return &world{t: t, eng: decide.NewEngine(cfg), clock: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		slices: map[string][]*resourceapi.ResourceSlice{}, placed: map[types.UID]string{}, order: map[types.UID]int{},
-		snap: admission.Snapshot{Classes: admissiontest.Classes()}}
+		snap: decide.Snapshot{Classes: decidetest.Classes()}}
 }
 
 func (w *world) tick() metav1.Time {
@@ -46,14 +46,14 @@ func (w *world) tick() metav1.Time {
 	return metav1.NewTime(w.clock)
 }
 
-func (w *world) node(name string, o admissiontest.NodeOptions) {
-	s, err := admissiontest.NodeSlices(name, o)
+func (w *world) node(name string, o decidetest.NodeOptions) {
+	s, err := decidetest.NodeSlices(name, o)
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	w.slices[name] = s
 	w.snap.Slices = append(w.snap.Slices, s...)
-	w.snap.Nodes = append(w.snap.Nodes, admissiontest.Node(name))
+	w.snap.Nodes = append(w.snap.Nodes, decidetest.Node(name))
 }
 
 // nics publishes n devices of another driver (nic.example.com, a NIC) on a
@@ -79,15 +79,15 @@ func (w *world) template(t *resourceapi.ResourceClaimTemplate) {
 func (w *world) claim(c *resourceapi.ResourceClaim) { w.snap.Claims = append(w.snap.Claims, c) }
 
 // pod adds a gated pod (as the webhook would gate it).
-func (w *world) pod(name string, o admissiontest.PodOptions) *corev1.Pod {
+func (w *world) pod(name string, o decidetest.PodOptions) *corev1.Pod {
 	return w.podIn("ns", name, o)
 }
 
 // podIn is pod in namespace ns (names stay unique across namespaces).
-func (w *world) podIn(ns, name string, o admissiontest.PodOptions) *corev1.Pod {
+func (w *world) podIn(ns, name string, o decidetest.PodOptions) *corev1.Pod {
 	o.Gated = true
 	o.Created = w.tick()
-	p := admissiontest.Pod(ns, name, o)
+	p := decidetest.Pod(ns, name, o)
 	w.snap.Pods = append(w.snap.Pods, p)
 	return p
 }
@@ -103,7 +103,7 @@ func (w *world) get(name string) *corev1.Pod {
 }
 
 // cycle decides and applies the decision.
-func (w *world) cycle() *admission.Decision {
+func (w *world) cycle() *decide.Decision {
 	w.t.Helper()
 	d, err := w.eng.Decide(context.Background(), &w.snap)
 	if err != nil {
@@ -124,7 +124,7 @@ func (w *world) cycle() *admission.Decision {
 				if p.Annotations == nil {
 					p.Annotations = map[string]string{}
 				}
-				p.Annotations[v1alpha1.AdmittedChargeAnnotation] = admission.FormatCharge(v)
+				p.Annotations[v1alpha1.AdmittedChargeAnnotation] = decide.FormatCharge(v)
 			}
 			w.placed[p.UID] = a.Nodes[p.UID]
 			w.order[p.UID] = len(w.order)
@@ -164,7 +164,7 @@ func (w *world) schedule() {
 	pods := append([]*corev1.Pod(nil), w.snap.Pods...)
 	sort.SliceStable(pods, func(i, j int) bool { return w.order[pods[i].UID] < w.order[pods[j].UID] })
 	for _, p := range pods {
-		if p.Spec.NodeName != "" || admission.HasAdmissionGate(p) || p.DeletionTimestamp != nil || p.Status.Phase != "" {
+		if p.Spec.NodeName != "" || decide.HasAdmissionGate(p) || p.DeletionTimestamp != nil || p.Status.Phase != "" {
 			continue
 		}
 		claims := w.podClaims(p)
@@ -189,7 +189,7 @@ func (w *world) schedule() {
 				p.Spec.NodeName = n
 				break
 			}
-			res, err := allocation.NewAllocator(w.slices[n], w.snap.Classes).Allocate(ctx, admissiontest.Node(n), states[n], need...)
+			res, err := allocation.NewAllocator(w.slices[n], w.snap.Classes).Allocate(ctx, decidetest.Node(n), states[n], need...)
 			if err != nil {
 				w.t.Fatal(err)
 			}
@@ -298,7 +298,7 @@ func (w *world) release() {
 }
 
 // restart replaces the engine, as a controller restart does.
-func (w *world) restart(cfg admission.Config) { w.eng = admission.NewEngine(cfg) }
+func (w *world) restart(cfg decide.Config) { w.eng = decide.NewEngine(cfg) }
 
 func (w *world) admittedNames() []string {
 	var out []string
@@ -311,7 +311,7 @@ func (w *world) admittedNames() []string {
 	return out
 }
 
-func (w *world) verdict(pod string) *admission.Verdict {
+func (w *world) verdict(pod string) *decide.Verdict {
 	for _, v := range w.last.Waiting {
 		for _, p := range v.Workload.Pods {
 			if p.Name == pod {

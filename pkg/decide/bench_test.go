@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // benchCluster publishes n 8 x H100 nodes: one node is published by the
@@ -59,7 +59,7 @@ func benchQueues() ([]*v1alpha1.Queue, []string) {
 	return qs, leaves
 }
 
-func benchPending(snap *admission.Snapshot, leaves []string) {
+func benchPending(snap *decide.Snapshot, leaves []string) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	shares := []string{"s10", "s20", "s40"}
 	for i := range 10000 {
@@ -92,7 +92,7 @@ func benchTemplates() []*resourceapi.ResourceClaimTemplate {
 
 // fillNodes runs an admitted, allocated 8-GPU pod on each of the first n
 // nodes.
-func fillNodes(snap *admission.Snapshot, nodes []*corev1.Node, n int, queue string) {
+func fillNodes(snap *decide.Snapshot, nodes []*corev1.Node, n int, queue string) {
 	for i := range n {
 		p := Pod("ns", fmt.Sprintf("busy-%04d", i), PodOptions{Queue: queue, Templates: []string{"eight"}})
 		claim := Claim("ns", p.Name+"-t0", Request{Count: 8})
@@ -112,13 +112,13 @@ func fillNodes(snap *admission.Snapshot, nodes []*corev1.Node, n int, queue stri
 func BenchmarkAdmissionFullCluster(b *testing.B) {
 	nodes, slices := benchCluster(b, 1000)
 	queues, leaves := benchQueues()
-	snap := &admission.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
+	snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
 	fillNodes(snap, nodes, 1000, leaves[0])
 	benchPending(snap, leaves)
 	ctx := context.Background()
-	eng := admission.NewEngine(admission.DefaultConfig())
+	eng := decide.NewEngine(decide.DefaultConfig())
 	b.ResetTimer()
-	var d *admission.Decision
+	var d *decide.Decision
 	for b.Loop() {
 		var err error
 		d, err = eng.Decide(ctx, snap)
@@ -142,14 +142,14 @@ func BenchmarkAdmissionFullCluster(b *testing.B) {
 func BenchmarkAdmission(b *testing.B) {
 	nodes, slices := benchCluster(b, 1000)
 	queues, leaves := benchQueues()
-	snap := &admission.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
+	snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
 	benchPending(snap, leaves)
 	ctx := context.Background()
 	b.ResetTimer()
-	var d *admission.Decision
+	var d *decide.Decision
 	for b.Loop() {
 		var err error
-		d, err = admission.NewEngine(admission.DefaultConfig()).Decide(ctx, snap)
+		d, err = decide.NewEngine(decide.DefaultConfig()).Decide(ctx, snap)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -168,7 +168,7 @@ func BenchmarkAdmission(b *testing.B) {
 // 1,000 simulated 8-GPU nodes of which the first half is full.
 func BenchmarkGang512(b *testing.B) {
 	nodes, slices := benchCluster(b, 1000)
-	snap := &admission.Snapshot{Queues: []*v1alpha1.Queue{Queue("train", "", "", "")}, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
+	snap := &decide.Snapshot{Queues: []*v1alpha1.Queue{Queue("train", "", "", "")}, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: benchTemplates()}
 	// The first 500 nodes are full.
 	fillNodes(snap, nodes, 500, "train")
 	ctx := context.Background()
@@ -176,10 +176,10 @@ func BenchmarkGang512(b *testing.B) {
 		snap.Pods = append(snap.Pods, Pod("ns", fmt.Sprintf("train-%03d", i), PodOptions{Queue: "train", Gang: "train", GangSize: "512", Gated: true, Templates: []string{"gpu"}}))
 	}
 	b.ResetTimer()
-	var d *admission.Decision
+	var d *decide.Decision
 	for b.Loop() {
 		var err error
-		d, err = admission.NewEngine(admission.DefaultConfig()).Decide(ctx, snap)
+		d, err = decide.NewEngine(decide.DefaultConfig()).Decide(ctx, snap)
 		if err != nil {
 			b.Fatal(err)
 		}

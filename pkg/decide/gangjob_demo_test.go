@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"fmt"
@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // TestDemoGangJob replays demo/gang-job on a simulated node of two mock
@@ -54,9 +54,9 @@ func TestDemoGangJob(t *testing.T) {
 		step := filepath.Base(f)
 		switch step {
 		case "20-job-too-big.yaml":
-			expectVerdict(t, w, "sweep-0", admission.ReasonDoesNotFit, "gang sweep: 2 of 4 members' claims fit")
+			expectVerdict(t, w, "sweep-0", decide.ReasonDoesNotFit, "gang sweep: 2 of 4 members' claims fit")
 		case "30-job-fits.yaml":
-			expectVerdict(t, w, "sweep-0", admission.ReasonDoesNotFit, "gang sweep: 0 of 4 members' claims fit")
+			expectVerdict(t, w, "sweep-0", decide.ReasonDoesNotFit, "gang sweep: 0 of 4 members' claims fit")
 			for _, n := range jobs["train"] {
 				if p := findPod(w, n); p == nil || p.Spec.NodeName == "" {
 					t.Errorf("after %s: %s does not run (%s)", step, n, waiting(w))

@@ -1,4 +1,4 @@
-package admission
+package decide
 
 import (
 	"fmt"
@@ -34,12 +34,12 @@ func (c *cycle) reclaim(w *Workload, fitMsg string) (bool, error) {
 	}
 	free := func(a *Workload) {
 		for _, h := range a.holdings {
-			c.cl.remove(h.node, h.result)
+			c.placer.remove(h.node, h.result)
 		}
 	}
 	hold := func(a *Workload) {
 		for _, h := range a.holdings {
-			c.cl.add(h.node, h.result)
+			c.placer.add(h.node, h.result)
 		}
 	}
 	fits := func() (bool, error) {

@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/tessera-dev/tessera/pkg/admission"
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 )
 
@@ -49,16 +49,16 @@ func hostileTemplates() map[string]*resourceapi.ResourceClaimTemplate {
 }
 
 var hostileFaults = map[string]string{
-	"missing-attr":      admission.FaultSelector,
-	"div-zero":          admission.FaultSelector,
-	"no-compile":        admission.FaultSelector,
-	"count-big":         admission.FaultCount,
-	"count-negative":    admission.FaultCount,
-	"capacity-huge":     admission.FaultCapacity,
-	"capacity-negative": admission.FaultCapacity,
-	"no-cel":            admission.FaultSpec,
-	"empty-request":     admission.FaultSpec,
-	"bad-mode":          admission.FaultSpec,
+	"missing-attr":      decide.FaultSelector,
+	"div-zero":          decide.FaultSelector,
+	"no-compile":        decide.FaultSelector,
+	"count-big":         decide.FaultCount,
+	"count-negative":    decide.FaultCount,
+	"capacity-huge":     decide.FaultCapacity,
+	"capacity-negative": decide.FaultCapacity,
+	"no-cel":            decide.FaultSpec,
+	"empty-request":     decide.FaultSpec,
+	"bad-mode":          decide.FaultSpec,
 }
 
 // TestFaultIsolation: every claim the allocator refuses makes its own
@@ -85,7 +85,7 @@ func TestFaultIsolation(t *testing.T) {
 			expectAdmitted(t, w, "good")
 			for name, fault := range hostileFaults {
 				v := w.verdict("bad-" + name)
-				if v == nil || !v.Invalid || v.Fault != fault || v.Reason != admission.ReasonInvalid {
+				if v == nil || !v.Invalid || v.Fault != fault || v.Reason != decide.ReasonInvalid {
 					t.Errorf("bad-%s: verdict %+v, want fault %s", name, v, fault)
 					continue
 				}
@@ -121,8 +121,8 @@ func TestFailingSelectorNeverMatches(t *testing.T) {
 			w.cycle()
 			expectAdmitted(t, w)
 			for _, p := range []string{"p1", "p2"} {
-				if v := w.verdict(p); v == nil || v.Fault != admission.FaultSelector {
-					t.Errorf("%s: verdict %+v, want %s", p, v, admission.FaultSelector)
+				if v := w.verdict(p); v == nil || v.Fault != decide.FaultSelector {
+					t.Errorf("%s: verdict %+v, want %s", p, v, decide.FaultSelector)
 				}
 			}
 		})

@@ -1,4 +1,4 @@
-package admission
+package decide
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // The placement shortcuts (shortcuts.go) rely on two behaviours of the
@@ -42,7 +42,7 @@ func oneRequestClaim(name string, req resourceapi.ExactDeviceRequest) *resourcea
 // allocatedDevice allocates cl alone on the node and returns the device.
 func allocatedDevice(t *testing.T, f structured.Features, state *allocation.State, slices []*resourceapi.ResourceSlice, cl *resourceapi.ResourceClaim) (string, *resourceapi.AllocationResult) {
 	t.Helper()
-	res, err := allocation.Allocate(context.Background(), f, state, admissiontest.Classes(), slices, cel.NewCache(10, cel.Features{}), admissiontest.Node("n"), []*resourceapi.ResourceClaim{cl})
+	res, err := allocation.Allocate(context.Background(), f, state, decidetest.Classes(), slices, cel.NewCache(10, cel.Features{}), decidetest.Node("n"), []*resourceapi.ResourceClaim{cl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func allocatedDevice(t *testing.T, f structured.Features, state *allocation.Stat
 }
 
 func TestAllocatorTakesFirstFitInListOrder(t *testing.T) {
-	published, err := admissiontest.NodeSlices("n", admissiontest.NodeOptions{Profile: "h100-80gb:2"})
+	published, err := decidetest.NodeSlices("n", decidetest.NodeOptions{Profile: "h100-80gb:2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestAllocatorTakesFirstFitInListOrder(t *testing.T) {
 		reversed[i] = r
 	}
 	whole := oneRequestClaim("whole", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"})
-	for name, f := range admissiontest.FeatureSets() {
+	for name, f := range decidetest.FeatureSets() {
 		t.Run(name, func(t *testing.T) {
 			first, _ := allocatedDevice(t, f, allocation.NewState(), published, whole)
 			last, _ := allocatedDevice(t, f, allocation.NewState(), reversed, whole)
@@ -77,7 +77,7 @@ func TestAllocatorTakesFirstFitInListOrder(t *testing.T) {
 }
 
 func TestAllocatorDerivesCountersFromAllocatedDevices(t *testing.T) {
-	published, err := admissiontest.NodeSlices("n", admissiontest.NodeOptions{Profile: "h100-80gb:2", MIG: true})
+	published, err := decidetest.NodeSlices("n", decidetest.NodeOptions{Profile: "h100-80gb:2", MIG: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestAllocatorDerivesCountersFromAllocatedDevices(t *testing.T) {
 		return oneRequestClaim(name, resourceapi.ExactDeviceRequest{DeviceClassName: "mig.tessera.dev",
 			Selectors: []resourceapi.DeviceSelector{memSelector("==", size)}})
 	}
-	for name, f := range admissiontest.FeatureSets() {
+	for name, f := range decidetest.FeatureSets() {
 		t.Run(name, func(t *testing.T) {
 			// The largest MIG device of the first GPU takes all of its
 			// counters: with it allocated, a small one goes to the other GPU;

@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/admission"
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/health"
 )
@@ -115,10 +115,10 @@ func TestDeviceTaintsAndRules(t *testing.T) {
 func TestApplyTaintRulesLeavesUnmatchedSlices(t *testing.T) {
 	s := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: "d", Pool: resourceapi.ResourcePool{Name: "p"},
 		Devices: []resourceapi.Device{{Name: "a"}, {Name: "b"}}}}
-	if got := admission.ApplyTaintRules(s, []*resourceapi.DeviceTaintRule{rule("r", &resourceapi.DeviceTaintSelector{Driver: ptr.To("other")}, "k", "NoSchedule")}); got != s {
+	if got := decide.ApplyTaintRules(s, []*resourceapi.DeviceTaintRule{rule("r", &resourceapi.DeviceTaintSelector{Driver: ptr.To("other")}, "k", "NoSchedule")}); got != s {
 		t.Error("an unmatched slice was copied")
 	}
-	got := admission.ApplyTaintRules(s, []*resourceapi.DeviceTaintRule{
+	got := decide.ApplyTaintRules(s, []*resourceapi.DeviceTaintRule{
 		rule("r1", &resourceapi.DeviceTaintSelector{Device: ptr.To("b")}, "k1", "NoSchedule"),
 		rule("r2", &resourceapi.DeviceTaintSelector{}, "k2", "None"),
 	})

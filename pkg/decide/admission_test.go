@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"reflect"
@@ -6,11 +6,11 @@ import (
 	"testing"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
-func cfg() admission.Config { return admission.DefaultConfig() }
+func cfg() decide.Config { return decide.DefaultConfig() }
 
 func expectAdmitted(t *testing.T, w *world, want ...string) {
 	t.Helper()
@@ -59,7 +59,7 @@ func TestAdmitAndAccountFromAllocation(t *testing.T) {
 	w.pod("p2", PodOptions{Queue: "team-a", Templates: []string{"share8"}})
 	w.cycle()
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "p2", admission.ReasonQueueLimit, "queue team-a: needs 8Gi gpu memory; quota 16Gi, in use 12Gi, limit 16Gi")
+	expectVerdict(t, w, "p2", decide.ReasonQueueLimit, "queue team-a: needs 8Gi gpu memory; quota 16Gi, in use 12Gi, limit 16Gi")
 	st := w.status("team-a")
 	if mem(st, "allocated") != "12Gi" || mem(st, "pending") != "8Gi" || st.AdmittedWorkloads != 1 || st.PendingWorkloads != 1 {
 		t.Errorf("status %+v", st)
@@ -85,14 +85,14 @@ func TestGangAllOrNothing(t *testing.T) {
 		w.pod(n, PodOptions{Queue: "team-a", Gang: "train", GangSize: "4", Templates: []string{"gpu"}})
 	}
 	w.cycle()
-	expectVerdict(t, w, "train-0", admission.ReasonGangIncomplete, "gang train: 3 of 4 members exist")
+	expectVerdict(t, w, "train-0", decide.ReasonGangIncomplete, "gang train: 3 of 4 members exist")
 	w.pod("train-3", PodOptions{Queue: "team-a", Gang: "train", GangSize: "4", Templates: []string{"gpu"}})
 	w.cycle()
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "train-3", admission.ReasonDoesNotFit, "gang train: 2 of 4 members' claims fit")
+	expectVerdict(t, w, "train-3", decide.ReasonDoesNotFit, "gang train: 2 of 4 members' claims fit")
 	w.finish("hold-0")
 	w.cycle()
-	expectVerdict(t, w, "train-0", admission.ReasonDoesNotFit, "gang train: 3 of 4 members' claims fit")
+	expectVerdict(t, w, "train-0", decide.ReasonDoesNotFit, "gang train: 3 of 4 members' claims fit")
 	w.finish("hold-1")
 	w.cycle()
 	expectAdmitted(t, w, "train-0", "train-1", "train-2", "train-3")
@@ -119,11 +119,11 @@ func TestBadInputHoldsNothingUp(t *testing.T) {
 	w.pod("good", PodOptions{Queue: "team-a", Templates: []string{"share"}})
 	w.cycle()
 	expectAdmitted(t, w, "good")
-	expectVerdict(t, w, "unknown", admission.ReasonInvalid, "queue nope does not exist")
-	expectVerdict(t, w, "nonleaf", admission.ReasonInvalid, "queue org is not a leaf queue (it has children team-a)")
-	expectVerdict(t, w, "nosize", admission.ReasonInvalid, "gang g1: label tessera.dev/gang-size is missing")
-	expectVerdict(t, w, "badsize", admission.ReasonInvalid, `gang g2: label tessera.dev/gang-size="four" is not a positive number`)
-	expectVerdict(t, w, "mixed-0", admission.ReasonInvalid, "gang g3: members name different queues (org, team-a)")
+	expectVerdict(t, w, "unknown", decide.ReasonInvalid, "queue nope does not exist")
+	expectVerdict(t, w, "nonleaf", decide.ReasonInvalid, "queue org is not a leaf queue (it has children team-a)")
+	expectVerdict(t, w, "nosize", decide.ReasonInvalid, "gang g1: label tessera.dev/gang-size is missing")
+	expectVerdict(t, w, "badsize", decide.ReasonInvalid, `gang g2: label tessera.dev/gang-size="four" is not a positive number`)
+	expectVerdict(t, w, "mixed-0", decide.ReasonInvalid, "gang g3: members name different queues (org, team-a)")
 	for _, v := range w.last.Waiting {
 		if !v.Invalid {
 			t.Errorf("%s: not marked invalid: %s", v.Workload.Key, v.Message)
@@ -201,7 +201,7 @@ func TestRestartRebuildsAccounting(t *testing.T) {
 	w.pod("p3", PodOptions{Queue: "team-a", Templates: []string{"share"}})
 	w.cycle()
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "p3", admission.ReasonDoesNotFit, "pod p3: its claims fit on no node now")
+	expectVerdict(t, w, "p3", decide.ReasonDoesNotFit, "pod p3: its claims fit on no node now")
 	if got := mem(w.status("team-a"), "allocated"); got != "60Gi" {
 		t.Errorf("allocated %s after restart, want 60Gi", got)
 	}
@@ -236,14 +236,14 @@ func TestReclaim(t *testing.T) {
 		t.Fatalf("evicted %v, want [b-3]; %s", got, waiting(w))
 	}
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "a-0", admission.ReasonReclaiming, "evicting pod b-3 (queue team-b)")
+	expectVerdict(t, w, "a-0", decide.ReasonReclaiming, "evicting pod b-3 (queue team-b)")
 	// While b-3 terminates a-0 waits and nothing more is evicted.
 	w.cycle()
 	if len(w.last.Evict) != 0 {
 		t.Fatalf("evicted again: %v", w.evictedNames())
 	}
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "a-0", admission.ReasonReclaiming, "waiting for evicted workloads to end")
+	expectVerdict(t, w, "a-0", decide.ReasonReclaiming, "waiting for evicted workloads to end")
 	w.remove("b-3")
 	w.cycle()
 	expectAdmitted(t, w, "a-0")
@@ -259,7 +259,7 @@ func TestReclaim(t *testing.T) {
 	if got := w.evictedNames(); !reflect.DeepEqual(got, []string{"b-2"}) {
 		t.Fatalf("evicted %v, want [b-2]; %s", got, waiting(w))
 	}
-	expectVerdict(t, w, "a-2", admission.ReasonDoesNotFit, "pod a-2: its claims fit on no node now")
+	expectVerdict(t, w, "a-2", decide.ReasonDoesNotFit, "pod a-2: its claims fit on no node now")
 	w.remove("b-2")
 	w.cycle()
 	expectAdmitted(t, w, "a-1")
@@ -272,7 +272,7 @@ func TestReclaim(t *testing.T) {
 	if len(w.last.Evict) != 0 {
 		t.Fatalf("evicted below quota: %v", w.evictedNames())
 	}
-	expectVerdict(t, w, "a-2", admission.ReasonDoesNotFit, "pod a-2: its claims fit on no node now")
+	expectVerdict(t, w, "a-2", decide.ReasonDoesNotFit, "pod a-2: its claims fit on no node now")
 }
 
 // Reclaim's messages never name another namespace's workloads: the
@@ -301,7 +301,7 @@ func TestReclaimMessagesStayInTheirNamespace(t *testing.T) {
 	if msg := w.last.Evict[0].Message; strings.Contains(msg, "secret-a") || !strings.Contains(msg, "a workload of another namespace") {
 		t.Errorf("victim's message %q names the preemptor", msg)
 	}
-	expectVerdict(t, w, "secret-a-0", admission.ReasonReclaiming, "evicting a workload of another namespace (queue team-b)")
+	expectVerdict(t, w, "secret-a-0", decide.ReasonReclaiming, "evicting a workload of another namespace (queue team-b)")
 	for _, v := range w.last.Waiting {
 		if v.Workload.Namespace == "b" && strings.Contains(v.Message, "secret-a") {
 			t.Errorf("%s's message %q names another namespace's pod", v.Workload.Key, v.Message)
@@ -367,7 +367,7 @@ func TestOverQuotaHeldForReclaim(t *testing.T) {
 		t.Fatalf("evicted %v; %s", got, waiting(w))
 	}
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "c-0", admission.ReasonOverQuotaHeld, "idle capacity is held for pod a-0 in queue team-a")
+	expectVerdict(t, w, "c-0", decide.ReasonOverQuotaHeld, "idle capacity is held for pod a-0 in queue team-a")
 }
 
 func TestQueueStatusHierarchy(t *testing.T) {

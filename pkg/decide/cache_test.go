@@ -1,11 +1,11 @@
-package admission_test
+package decide_test
 
 import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 )
 
 // TestEngineFollowsSlicesAndClasses: the engine keeps what it derived from

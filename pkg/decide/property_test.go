@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"context"
@@ -17,9 +17,9 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/demand"
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
@@ -195,7 +195,7 @@ func checkLimits(t *testing.T, w *world, step int) {
 	seen := map[string]bool{}
 	objs := worldObjects{w}
 	for _, p := range w.snap.Pods {
-		if admission.HasAdmissionGate(p) || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if decide.HasAdmissionGate(p) || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
 		q := tree.Queues[p.Labels[v1alpha1.QueueLabel]]
@@ -243,7 +243,7 @@ func checkPlaceable(t *testing.T, w *world, step int) {
 		}
 	}
 	for _, p := range w.snap.Pods {
-		if !admission.HasAdmissionGate(p) && p.Status.Phase == "" && p.Spec.NodeName == "" {
+		if !decide.HasAdmissionGate(p) && p.Status.Phase == "" && p.Spec.NodeName == "" {
 			for _, c := range w.snap.Claims {
 				if a := c.Status.Allocation; a != nil {
 					for _, r := range a.Devices.Results {
@@ -252,7 +252,7 @@ func checkPlaceable(t *testing.T, w *world, step int) {
 				}
 			}
 			for _, q := range w.snap.Pods {
-				t.Logf("pod %s gated=%v node=%s phase=%s deleting=%v", q.Name, admission.HasAdmissionGate(q), q.Spec.NodeName, q.Status.Phase, q.DeletionTimestamp != nil)
+				t.Logf("pod %s gated=%v node=%s phase=%s deleting=%v", q.Name, decide.HasAdmissionGate(q), q.Spec.NodeName, q.Status.Phase, q.DeletionTimestamp != nil)
 			}
 			t.Fatalf("step %d: admitted pod %s does not fit anywhere", step, p.Name)
 		}
@@ -314,7 +314,7 @@ func TestHostileProperty(t *testing.T) {
 }
 
 // FuzzHostileCycles runs the hostile sequences from fuzzed seeds:
-// go test ./pkg/admission -run '^$' -fuzz FuzzHostileCycles -fuzztime 5m
+// go test ./pkg/decide -run '^$' -fuzz FuzzHostileCycles -fuzztime 5m
 func FuzzHostileCycles(f *testing.F) {
 	f.Add(uint64(1), uint8(20))
 	f.Add(uint64(7), uint8(60))
@@ -392,7 +392,7 @@ func runHostile(t *testing.T, seed uint64, steps int, features structured.Featur
 }
 
 // admissionsString renders a cycle's admissions with their nodes.
-func admissionsString(d *admission.Decision) string {
+func admissionsString(d *decide.Decision) string {
 	var lines []string
 	for _, a := range d.Admit {
 		var nodes []string
@@ -408,7 +408,7 @@ func admissionsString(d *admission.Decision) string {
 
 // decisionString renders what a cycle decided: admissions with their
 // nodes, verdicts with their reasons and faults.
-func decisionString(d *admission.Decision) string {
+func decisionString(d *decide.Decision) string {
 	var lines []string
 	for _, a := range d.Admit {
 		var nodes []string

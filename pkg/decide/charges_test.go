@@ -1,4 +1,4 @@
-package admission_test
+package decide_test
 
 import (
 	"strings"
@@ -10,8 +10,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/admission"
-	. "github.com/tessera-dev/tessera/pkg/admission/admissiontest"
+	"github.com/tessera-dev/tessera/pkg/decide"
+	. "github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
 
@@ -29,18 +29,18 @@ func TestChargeAnnotationRoundTrip(t *testing.T) {
 		{"", false},
 		{"memory=99999999999999999999,gpus=0", false},
 	} {
-		_, err := admission.ParseCharge(tc.in)
+		_, err := decide.ParseCharge(tc.in)
 		if (err == nil) != tc.ok {
 			t.Errorf("ParseCharge(%q): %v, want ok=%v", tc.in, err, tc.ok)
 		}
 	}
 	v := queue.Vector{5 << 30, 250_000}
-	if got, err := admission.ParseCharge(admission.FormatCharge(v)); err != nil || got != v {
+	if got, err := decide.ParseCharge(decide.FormatCharge(v)); err != nil || got != v {
 		t.Errorf("round trip %v: %v %v", v, got, err)
 	}
 }
 
-func findEviction(w *world, pod string) *admission.Eviction {
+func findEviction(w *world, pod string) *decide.Eviction {
 	for _, e := range w.last.Evict {
 		for _, p := range e.Pods {
 			if p.Name == pod {
@@ -81,7 +81,7 @@ func TestClaimSharedAcrossQueues(t *testing.T) {
 				expectAdmitted(t, w, "b")
 			} else {
 				expectAdmitted(t, w)
-				expectVerdict(t, w, "b", admission.ReasonClaimInAnotherQueue, "pod b: claim shared is already used by a pod of another queue (or of none); pods sharing a claim must be in one queue")
+				expectVerdict(t, w, "b", decide.ReasonClaimInAnotherQueue, "pod b: claim shared is already used by a pod of another queue (or of none); pods sharing a claim must be in one queue")
 				if v := w.verdict("b"); strings.Contains(v.Message, "team-a") || strings.Contains(v.Message, "ns/") {
 					t.Errorf("message names another queue or namespace: %q", v.Message)
 				}
@@ -116,7 +116,7 @@ func TestAllocatedClaimCountsAgainstLimit(t *testing.T) {
 	w.pod("z", PodOptions{Queue: "zero", Claims: []string{"shared"}})
 	w.cycle()
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "z", admission.ReasonQueueLimit, "queue zero: needs 10Gi gpu memory")
+	expectVerdict(t, w, "z", decide.ReasonQueueLimit, "queue zero: needs 10Gi gpu memory")
 	if got := mem(w.status("zero"), "allocated"); got != "0" {
 		t.Errorf("zero allocated %s, want 0", got)
 	}
@@ -140,8 +140,8 @@ func TestRunningGangStaysCharged(t *testing.T) {
 	w.pod("x", PodOptions{Queue: "team-a", Templates: []string{"share10"}})
 	w.cycle()
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "g3", admission.ReasonInvalid, "members name different queues")
-	expectVerdict(t, w, "x", admission.ReasonQueueLimit, "in use 20Gi, limit 20Gi")
+	expectVerdict(t, w, "g3", decide.ReasonInvalid, "members name different queues")
+	expectVerdict(t, w, "x", decide.ReasonQueueLimit, "in use 20Gi, limit 20Gi")
 	if got := mem(w.status("team-a"), "allocated"); got != "20Gi" {
 		t.Errorf("team-a allocated %s, want 20Gi (the running members)", got)
 	}
@@ -168,7 +168,7 @@ func TestGrownClaimCheckedAgainstLimit(t *testing.T) {
 			p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: "example.com/mine"})
 			w.cycle()
 			expectAdmitted(t, w)
-			expectVerdict(t, w, "p", admission.ReasonWaitingForGates, "example.com/mine")
+			expectVerdict(t, w, "p", decide.ReasonWaitingForGates, "example.com/mine")
 			p.Spec.SchedulingGates = p.Spec.SchedulingGates[:1]
 			w.cycle()
 			expectAdmitted(t, w, "p")
@@ -189,7 +189,7 @@ func TestGrownClaimCheckedAgainstLimit(t *testing.T) {
 			if got := e != nil; got != tc.evict {
 				t.Fatalf("evicted %v, want %v; evictions %v", got, tc.evict, w.evictedNames())
 			}
-			if e != nil && (e.Reason != admission.ReasonOverLimit || !strings.Contains(e.Message, "holds more than it was admitted with") || !strings.Contains(e.Message, "limit "+tc.limit)) {
+			if e != nil && (e.Reason != decide.ReasonOverLimit || !strings.Contains(e.Message, "holds more than it was admitted with") || !strings.Contains(e.Message, "limit "+tc.limit)) {
 				t.Errorf("eviction %s %q", e.Reason, e.Message)
 			}
 			if got := mem(w.status("team-a"), "allocated"); got != tc.bigger {
@@ -210,7 +210,7 @@ func TestAdminAccessCharged(t *testing.T) {
 	w.pod("p", PodOptions{Queue: "team-a", Claims: []string{"admin"}})
 	w.cycle()
 	expectAdmitted(t, w)
-	expectVerdict(t, w, "p", admission.ReasonQueueLimit, "queue team-a")
+	expectVerdict(t, w, "p", decide.ReasonQueueLimit, "queue team-a")
 }
 
 // Pods already running in a namespace when it becomes managed are charged
@@ -254,7 +254,7 @@ func TestManagedNamespaceChargesRunningPods(t *testing.T) {
 			}
 			if tc.label != "" {
 				expectAdmitted(t, w)
-				expectVerdict(t, w, "new", admission.ReasonQueueLimit, "in use 10Gi, limit 16Gi")
+				expectVerdict(t, w, "new", decide.ReasonQueueLimit, "in use 10Gi, limit 16Gi")
 				if st.AdmittedWorkloads != 1 {
 					t.Errorf("admitted workloads %d, want 1 (the running pod)", st.AdmittedWorkloads)
 				}

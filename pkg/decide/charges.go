@@ -1,4 +1,4 @@
-package admission
+package decide
 
 import (
 	"fmt"
@@ -189,7 +189,7 @@ func (c *cycle) claimConflicts(pending, admitted []*Workload) {
 		for _, p := range w.Pods {
 			pcs, err := demand.PodClaims(p, c.objs)
 			if err != nil {
-				continue // prepare says so
+				continue // resolveDemand says so
 			}
 			for _, pc := range pcs {
 				if seen[pc.Key] {

@@ -1,4 +1,4 @@
-// Package admission decides which queued workloads start. One decision
+// Package decide decides which queued workloads start. One decision
 // cycle takes a snapshot of the API (queues, labelled pods, claims,
 // templates, slices, classes, nodes) and returns what to do: workloads to
 // admit (remove the scheduling gate of every member), why the others wait,
@@ -21,7 +21,7 @@
 // as reservations so that the next cycle does not hand the same devices out
 // again, and rebuilt by simulation after a restart); claims of pods that
 // ended are not charged. A claim shared by several pods is charged once.
-package admission
+package decide
 
 import (
 	"context"
@@ -231,7 +231,7 @@ type cycle struct {
 	snap     *Snapshot
 	tree     *queue.Tree
 	cat      *demand.Catalog
-	cl       *placer
+	placer   *placer
 	objs     *objects
 	charged  map[string]bool
 	estCache map[string]estimate
@@ -292,7 +292,7 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 		e: e, ctx: ctx, logger: klog.FromContext(ctx), snap: snap,
 		tree:     queue.NewTree(snap.Queues),
 		cat:      e.catalog,
-		cl:       newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement, e.places),
+		placer:   newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement, e.places),
 		objs:     &objects{claims: map[string]*resourceapi.ResourceClaim{}, templates: map[string]*resourceapi.ResourceClaimTemplate{}},
 		charged:  map[string]bool{},
 		estCache: map[string]estimate{},
@@ -312,8 +312,8 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	// Everything the scheduler allocated, whoever it belongs to.
 	for _, cl := range snap.Claims {
 		if a := cl.Status.Allocation; a != nil {
-			if sn := c.cl.nodeOf(a); sn != nil {
-				c.cl.add(sn, a)
+			if sn := c.placer.nodeOf(a); sn != nil {
+				c.placer.add(sn, a)
 			}
 		}
 	}
@@ -352,9 +352,9 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 			c.dec.Stats.Waiting++
 		}
 	}
-	c.dec.Stats.AllocatorCalls = c.cl.calls
-	c.dec.Stats.SharedFailures = c.cl.sharedFailures
-	c.dec.Stats.CELEvaluations, c.dec.Stats.StrippedCalls = c.cl.celEvaluations, c.cl.strippedCalls
+	c.dec.Stats.AllocatorCalls = c.placer.calls
+	c.dec.Stats.SharedFailures = c.placer.sharedFailures
+	c.dec.Stats.CELEvaluations, c.dec.Stats.StrippedCalls = c.placer.celEvaluations, c.placer.strippedCalls
 	c.dec.Stats.Duration = time.Since(start)
 	return c.dec, nil
 }
@@ -411,14 +411,14 @@ func (c *cycle) chargeAdmitted() error {
 							c.sampled[n] = true
 						}
 					}
-					sn := c.cl.nodeOf(pc.Claim.Status.Allocation)
+					sn := c.placer.nodeOf(pc.Claim.Status.Allocation)
 					if sn != nil {
 						w.holdings = append(w.holdings, holding{sn, pc.Claim.Status.Allocation})
 					}
 					infos = append(infos, claimInfo{pc: pc, node: sn, settled: true})
-				case r != nil && c.cl.byName[r.node] != nil:
-					sn := c.cl.byName[r.node]
-					c.cl.add(sn, &r.result)
+				case r != nil && c.placer.byName[r.node] != nil:
+					sn := c.placer.byName[r.node]
+					c.placer.add(sn, &r.result)
 					c.seen[pc.Key] = true
 					w.Charge = w.Charge.Add(r.charge)
 					w.holdings = append(w.holdings, holding{sn, &r.result})
@@ -434,9 +434,9 @@ func (c *cycle) chargeAdmitted() error {
 		}
 	}
 	for _, r := range toPlace {
-		t := c.cl.newTrial()
+		t := c.placer.newTrial()
 		if n := r.pod.Annotations[v1alpha1.NodeAnnotation]; n != "" {
-			t.hint = c.cl.byName[n]
+			t.hint = c.placer.byName[n]
 		}
 		ok, err := t.placePod(c.ctx, r.pod, r.infos)
 		if err != nil {
@@ -493,7 +493,7 @@ func (c *cycle) estimate(pc demand.PodClaim) estimate {
 		return e
 	}
 	// An error names the claim: it is not shared with other claims.
-	spec := c.cl.specJSON(pc.Claim)
+	spec := c.placer.specJSON(pc.Claim)
 	e, ok := c.specEst[spec]
 	if !ok {
 		v, err := c.cat.EstimateClaim(c.ctx, pc.Display, &pc.Claim.Spec)
@@ -506,9 +506,9 @@ func (c *cycle) estimate(pc demand.PodClaim) estimate {
 	return e
 }
 
-// prepare resolves the claims of a pending workload and estimates its
+// resolveDemand resolves the claims of a pending workload and estimates its
 // demand; problems become verdicts.
-func (c *cycle) prepare(w *Workload) (queue.Vector, *Verdict) {
+func (c *cycle) resolveDemand(w *Workload) (queue.Vector, *Verdict) {
 	w.claims = map[*corev1.Pod][]demand.PodClaim{}
 	var total queue.Vector
 	seen := map[string]bool{}
@@ -568,7 +568,7 @@ func (c *cycle) decidePending(pending []*Workload) error {
 			c.verdict(&Verdict{Workload: w, Reason: w.waitWhy, Message: w.wait})
 			continue
 		}
-		d, v := c.prepare(w)
+		d, v := c.resolveDemand(w)
 		if v != nil {
 			c.countPending(w)
 			c.verdict(v)
@@ -747,7 +747,7 @@ func (c *cycle) fitMessage(w *Workload, fit int) string {
 // fail do not stop the count. An error of the allocator stops it, with the
 // trial rolled back.
 func (c *cycle) simulate(w *Workload) (*trial, int, error) {
-	t := c.cl.newTrial()
+	t := c.placer.newTrial()
 	fit := 0
 	for _, p := range w.Pods {
 		infos := make([]claimInfo, 0, len(w.claims[p]))
@@ -756,10 +756,10 @@ func (c *cycle) simulate(w *Workload) (*trial, int, error) {
 			switch r := c.e.reservations[pc.Key]; {
 			case pc.Allocated():
 				ci.settled = true
-				ci.node = c.cl.nodeOf(pc.Claim.Status.Allocation)
+				ci.node = c.placer.nodeOf(pc.Claim.Status.Allocation)
 			case r != nil && c.charged[pc.Key]:
 				ci.settled = true
-				ci.node = c.cl.byName[r.node]
+				ci.node = c.placer.byName[r.node]
 			case c.charged[pc.Key]:
 				ci.settled = true
 			}

@@ -1,4 +1,4 @@
-package admission
+package decide
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
-	"github.com/tessera-dev/tessera/pkg/admission/admissiontest"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 )
 
@@ -42,10 +42,10 @@ func TestShortcutsPlaceAsExact(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		usable := admissiontest.Usable(defaults)
+		usable := decidetest.Usable(defaults)
 		t.Run(version, func(t *testing.T) { shortcutsPlaceAsExact(t, defaults, usable) })
 		if !usable {
-			withGates, err := allocation.Override(defaults, admissiontest.Gates)
+			withGates, err := allocation.Override(defaults, decidetest.Gates)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,13 +60,13 @@ func TestShortcutsPlaceAsExact(t *testing.T) {
 func shortcutsPlaceAsExact(t *testing.T, features structured.Features, usable bool) {
 	var nodes []*corev1.Node
 	var all []*resourceapi.ResourceSlice
-	for i, o := range []admissiontest.NodeOptions{{Profile: "h100-80gb:2", MIG: true}, {Profile: "a100-40gb:2", MIG: true}, {Profile: "l4:2", TimeSlices: 3}} {
+	for i, o := range []decidetest.NodeOptions{{Profile: "h100-80gb:2", MIG: true}, {Profile: "a100-40gb:2", MIG: true}, {Profile: "l4:2", TimeSlices: 3}} {
 		name := fmt.Sprintf("n%d", i)
-		s, err := admissiontest.NodeSlices(name, o)
+		s, err := decidetest.NodeSlices(name, o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		nodes, all = append(nodes, admissiontest.Node(name)), append(all, s...)
+		nodes, all = append(nodes, decidetest.Node(name)), append(all, s...)
 	}
 	sizes := migSizes(all)
 	if len(sizes) < 3 {
@@ -76,8 +76,8 @@ func shortcutsPlaceAsExact(t *testing.T, features structured.Features, usable bo
 	for seed := range uint64(12) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		ctx := context.Background()
-		fast := newPlacer(nodes, all, admissiontest.Classes(), features, cel.NewCache(100, cel.Features{}), false, nil)
-		exact := newPlacer(nodes, all, admissiontest.Classes(), features, cel.NewCache(100, cel.Features{}), true, nil)
+		fast := newPlacer(nodes, all, decidetest.Classes(), features, cel.NewCache(100, cel.Features{}), false, nil)
+		exact := newPlacer(nodes, all, decidetest.Classes(), features, cel.NewCache(100, cel.Features{}), true, nil)
 		// Each placer releases its own results: the share IDs differ.
 		type held struct {
 			node        int
@@ -248,7 +248,7 @@ func ptrTo[T any](v T) *T { return &v }
 // it holds more than maxCached device keys or index entries.
 func TestPlaceCacheBounded(t *testing.T) {
 	e := NewEngine(DefaultConfig())
-	snap := &Snapshot{Classes: admissiontest.Classes()}
+	snap := &Snapshot{Classes: decidetest.Classes()}
 	if _, err := e.Decide(context.Background(), snap); err != nil {
 		t.Fatal(err)
 	}

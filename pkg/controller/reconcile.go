@@ -1,0 +1,343 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/decide"
+)
+
+// Reconciler runs admission cycles and applies their decisions. Every event
+// of interest maps to one key, so changes that arrive while a cycle runs
+// are decided together in the next one.
+type Reconciler struct {
+	Client   client.Client
+	Reader   client.Reader
+	Recorder recorder.EventRecorder
+	Engine   *decide.Engine
+	Metrics  *Metrics
+	Opts     Options
+	// Shadow, when set, makes this a shadow controller (shadow.go): cycles
+	// decide and compare; nothing is applied.
+	Shadow *Shadow
+
+	mu   sync.Mutex
+	last time.Time
+	// ungated and evicted remember what this process did until the cache
+	// shows it, so that a lagging cache never makes a cycle admit into
+	// devices an earlier cycle handed out, or evict twice.
+	ungated map[types.UID]memo
+	evicted map[types.UID]memo
+	// slices and classes are the previous snapshot's, by UID (see reuse).
+	slices  map[types.UID]*resourceapi.ResourceSlice
+	classes map[types.UID]*resourceapi.DeviceClass
+	// triggers are the relevant changes since the last cycle (first: the
+	// one that came first); accounting says that a change may have moved
+	// what the queues hold while nothing was gated.
+	triggers   map[string]bool
+	first      string
+	accounting bool
+}
+
+// reuse returns pointers to the items, and them by UID: the previous
+// snapshot's pointer for an object whose UID and resourceVersion did not
+// change (the same content), so that the engine keeps what it derived from
+// it (decide.Engine keeps its catalog and device indexes while the
+// slices and classes are the same objects); a list copies the cache's
+// objects into a new array every time.
+func reuse[T any, P interface {
+	*T
+	metav1.Object
+}](prev map[types.UID]P, items []T) ([]P, map[types.UID]P) {
+	out := make([]P, 0, len(items))
+	next := make(map[types.UID]P, len(items))
+	for i := range items {
+		o := P(&items[i])
+		if p, ok := prev[o.GetUID()]; ok && o.GetResourceVersion() != "" && p.GetResourceVersion() == o.GetResourceVersion() {
+			o = p
+		}
+		out = append(out, o)
+		next[o.GetUID()] = o
+	}
+	return out, next
+}
+
+type memo struct {
+	at          time.Time
+	annotations map[string]string
+}
+
+// memoTTL bounds how long a write may take to show in the cache.
+const memoTTL = 2 * time.Minute
+
+// CycleRequest is the one key of the admission controller.
+var CycleRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "admission-cycle"}}
+
+// Reconcile runs one cycle when one can change anything: pods are gated
+// (or a recorded decision is left to finish) and something relevant
+// changed since the last cycle (a trigger: see Handler), or
+// --resync-period passed. With nothing gated it decides nothing: it only
+// replaces stale pins and, when a queue's accounting may have changed,
+// refreshes queue status at most once per --resync-period.
+func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	a.mu.Lock()
+	wait := a.Opts.CycleInterval - time.Since(a.last)
+	a.mu.Unlock()
+	if wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	logger := klog.FromContext(ctx)
+	var pods corev1.PodList
+	if err := a.Reader.List(ctx, &pods, client.UnsafeDisableDeepCopy, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+		a.Trigger(TriggerRetry)
+		return reconcile.Result{}, fmt.Errorf("listing pods: %w", err)
+	}
+	// Only this controller's queues' pods (canary queues: owner.go).
+	var queues v1alpha1.QueueList
+	if err := a.Reader.List(ctx, &queues, client.UnsafeDisableDeepCopy); err != nil {
+		a.Trigger(TriggerRetry)
+		return reconcile.Result{}, fmt.Errorf("listing queues: %w", err)
+	}
+	owner := newOwnership(a.Opts.ControllerName, ptrs(queues.Items))
+	for i := range pods.Items {
+		if !owner.pod(&pods.Items[i]) { // copy only with another controller's pods
+			mine := make([]corev1.Pod, 0, len(pods.Items))
+			for j := range pods.Items {
+				if owner.pod(&pods.Items[j]) {
+					mine = append(mine, pods.Items[j])
+				}
+			}
+			pods.Items = mine
+			break
+		}
+	}
+	var (
+		staleNext time.Time
+		err       error
+	)
+	if a.Shadow == nil { // a shadow replaces no pods
+		if staleNext, err = a.recoverStalePins(ctx, &pods); err != nil {
+			a.Trigger(TriggerRetry)
+			return reconcile.Result{}, err
+		}
+	}
+	gated := false
+	for i := range pods.Items {
+		if decide.HasAdmissionGate(&pods.Items[i]) && pods.Items[i].DeletionTimestamp == nil {
+			gated = true
+			break
+		}
+	}
+	a.mu.Lock()
+	triggers, first := a.triggers, a.first
+	sinceLast := time.Since(a.last)
+	trigger := ""
+	switch {
+	case gated && len(triggers) > 0:
+		trigger = first
+	case gated && sinceLast >= a.Opts.ResyncPeriod:
+		trigger = TriggerResync
+	case !gated:
+		if triggers[TriggerPod] || triggers[TriggerClaim] || triggers[TriggerQueue] || triggers[TriggerNamespace] || triggers[TriggerRetry] {
+			a.accounting = true
+		}
+		if a.accounting && sinceLast >= a.Opts.ResyncPeriod {
+			trigger = TriggerAccounting
+		}
+	}
+	a.triggers, a.first = nil, ""
+	accounting := a.accounting
+	a.mu.Unlock()
+	if trigger == "" {
+		reason := SkipNoChange
+		if !gated {
+			reason = SkipNothingGated
+		}
+		a.Metrics.skipped(reason)
+		// Come back for the resync (pods gated), the queue status
+		// refresh or the next pin to pass its grace; else only an
+		// event wakes this controller.
+		next := time.Duration(0)
+		if gated || accounting {
+			next = a.Opts.ResyncPeriod - sinceLast
+		}
+		if !staleNext.IsZero() {
+			if d := time.Until(staleNext); next == 0 || d < next {
+				next = d
+			}
+		}
+		if next > 0 {
+			next = max(next, time.Second)
+		}
+		return reconcile.Result{RequeueAfter: next}, nil
+	}
+	snap, err := a.snapshot(ctx)
+	if err != nil {
+		a.Trigger(TriggerRetry)
+		return reconcile.Result{}, err
+	}
+	if a.Shadow != nil {
+		return a.shadowCycle(ctx, snap, trigger)
+	}
+	own(snap, a.Opts.ControllerName)
+	if a.finishDecisions(ctx, snap) {
+		// Decide on what the completions and rollbacks left.
+		if snap, err = a.snapshot(ctx); err != nil {
+			a.Trigger(TriggerRetry)
+			return reconcile.Result{}, err
+		}
+		own(snap, a.Opts.ControllerName)
+	}
+	d, err := a.decide(ctx, snap, trigger)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("admission cycle: %w", err)
+	}
+	start := time.Now()
+	more := a.apply(ctx, snap, d)
+	logger.V(2).Info("Admission cycle", "trigger", trigger, "workloads", d.Stats.Workloads, "pending", d.Stats.Pending, "admitted", d.Stats.Admitted,
+		"waiting", d.Stats.Waiting, "invalid", d.Stats.Invalid, "evicted", d.Stats.Evicted, "decide", d.Stats.Duration, "apply", time.Since(start))
+	a.Metrics.observe(snap, d, time.Since(start))
+	if more {
+		// Reasons left to write: come back soon.
+		a.Trigger(TriggerRetry)
+		return reconcile.Result{RequeueAfter: max(a.Opts.CycleInterval, time.Second)}, nil
+	}
+	return reconcile.Result{RequeueAfter: a.Opts.ResyncPeriod}, nil
+}
+
+func (a *Reconciler) snapshot(ctx context.Context) (*decide.Snapshot, error) {
+	fast := client.UnsafeDisableDeepCopy
+	var (
+		queues    v1alpha1.QueueList
+		pods      corev1.PodList
+		claims    resourceapi.ResourceClaimList
+		templates resourceapi.ResourceClaimTemplateList
+		slices    resourceapi.ResourceSliceList
+		classes   resourceapi.DeviceClassList
+		nodes     corev1.NodeList
+	)
+	for _, l := range []client.ObjectList{&queues, &claims, &templates, &slices, &classes, &nodes} {
+		if err := a.Reader.List(ctx, l, fast); err != nil {
+			return nil, fmt.Errorf("listing %T: %w", l, err)
+		}
+	}
+	if err := a.Reader.List(ctx, &pods, fast, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+		return nil, fmt.Errorf("listing pods: %w", err)
+	}
+	s := &decide.Snapshot{}
+	for i := range queues.Items {
+		s.Queues = append(s.Queues, &queues.Items[i])
+	}
+	a.mu.Lock()
+	now := time.Now()
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if m, ok := a.ungated[p.UID]; ok {
+			if !decide.HasAdmissionGate(p) || now.Sub(m.at) > memoTTL {
+				delete(a.ungated, p.UID)
+			} else {
+				// Not in the cache yet: decide on what was written.
+				c := p.DeepCopy()
+				c.Spec.SchedulingGates = nil
+				for _, g := range p.Spec.SchedulingGates {
+					if g.Name != v1alpha1.AdmissionGate {
+						c.Spec.SchedulingGates = append(c.Spec.SchedulingGates, g)
+					}
+				}
+				if c.Annotations == nil {
+					c.Annotations = map[string]string{}
+				}
+				for k, v := range m.annotations {
+					c.Annotations[k] = v
+				}
+				p = c
+			}
+		}
+		if m, ok := a.evicted[p.UID]; ok {
+			if p.DeletionTimestamp != nil || now.Sub(m.at) > memoTTL {
+				delete(a.evicted, p.UID)
+			} else {
+				c := p.DeepCopy()
+				t := metav1.NewTime(m.at)
+				c.DeletionTimestamp = &t
+				p = c
+			}
+		}
+		s.Pods = append(s.Pods, p)
+	}
+	a.mu.Unlock()
+	for i := range claims.Items {
+		s.Claims = append(s.Claims, &claims.Items[i])
+	}
+	for i := range templates.Items {
+		s.Templates = append(s.Templates, &templates.Items[i])
+	}
+	a.mu.Lock()
+	s.Slices, a.slices = reuse(a.slices, slices.Items)
+	s.Classes, a.classes = reuse(a.classes, classes.Items)
+	a.mu.Unlock()
+	for i := range nodes.Items {
+		s.Nodes = append(s.Nodes, &nodes.Items[i])
+	}
+	// Managed namespaces: the claims their unqueued pods hold (pods that ran
+	// before the label) are charged to the namespace's queue.
+	var namespaces corev1.NamespaceList
+	if err := a.Reader.List(ctx, &namespaces, fast, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+		return nil, fmt.Errorf("listing namespaces: %w", err)
+	}
+	for i := range namespaces.Items {
+		s.Namespaces = append(s.Namespaces, &namespaces.Items[i])
+	}
+	return s, nil
+}
+
+// decide runs the engine on snap and records the cycle (its time and
+// trigger); a failed cycle is retried.
+func (a *Reconciler) decide(ctx context.Context, snap *decide.Snapshot, trigger string) (*decide.Decision, error) {
+	d, err := a.Engine.Decide(ctx, snap)
+	if err != nil {
+		a.Trigger(TriggerRetry)
+		return nil, err
+	}
+	a.mu.Lock()
+	a.last = time.Now()
+	a.accounting = false
+	a.mu.Unlock()
+	a.Metrics.cycle(trigger)
+	return d, nil
+}
+
+// shadowCycle decides with the shadow's queues and compares; it applies
+// nothing (see Shadow).
+func (a *Reconciler) shadowCycle(ctx context.Context, snap *decide.Snapshot, trigger string) (reconcile.Result, error) {
+	snap.Queues = a.Shadow.queues(snap.Queues)
+	own(snap, a.Opts.ControllerName)
+	d, err := a.decide(ctx, snap, trigger)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("shadow admission cycle: %w", err)
+	}
+	diffs := a.Shadow.Cycle(ctx, a.Engine, snap, d)
+	klog.FromContext(ctx).V(2).Info("Shadow admission cycle", "trigger", trigger, "workloads", d.Stats.Workloads, "wouldAdmit", d.Stats.Admitted,
+		"waiting", d.Stats.Waiting, "wouldEvict", d.Stats.Evicted, "differences", len(diffs), "decide", d.Stats.Duration)
+	return reconcile.Result{RequeueAfter: a.Opts.ResyncPeriod}, nil
+}
+
+// controllerName is this controller's --controller-name.
+func (a *Reconciler) controllerName() string {
+	if a.Opts.ControllerName == "" {
+		return v1alpha1.DefaultControllerName
+	}
+	return a.Opts.ControllerName
+}
