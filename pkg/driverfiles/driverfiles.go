@@ -40,6 +40,24 @@ type Options struct {
 	HookPath string
 	// NVML reports the driver version; the mock backend's NVML works too.
 	NVML nvml.Interface
+	// DisabledHooks are createContainer hooks left out of every spec
+	// (nvidia-cdi-hook subcommands, Hooks). Empty: all that nvcdi adds.
+	DisabledHooks []string
+}
+
+// Hook is an nvidia-cdi-hook createContainer hook a spec may carry, with
+// what a container loses without it.
+type Hook struct{ Name, Without string }
+
+// KnownHooks are the hooks --disabled-cdi-hooks may name.
+func KnownHooks() []Hook {
+	return []Hook{
+		{string(nvcdi.CreateSymlinksHook), "the driver's .so symlinks (libcuda.so.1 -> libcuda.so.<version>): CUDA cannot load the driver unless the image makes them"},
+		{string(nvcdi.UpdateLDCacheHook), "the container's ld cache does not list the driver's libraries: CUDA cannot load them unless the image sets LD_LIBRARY_PATH or runs ldconfig"},
+		{string(nvcdi.EnableCudaCompatHook), "CUDA forward compatibility (a CUDA compat package in the image newer than the driver) is not enabled"},
+		{string(nvcdi.DisableDeviceNodeModificationHook), "libnvidia-ml and nvidia-smi in the container may try to create device nodes"},
+		{"update-application-profile", "no per-container driver application profile"},
+	}
 }
 
 // Driver computes and caches the driver's edits.
@@ -67,6 +85,16 @@ func New(opts Options) (*Driver, error) {
 	}
 	if opts.NVML == nil {
 		return nil, fmt.Errorf("driverfiles: no NVML")
+	}
+	known := KnownHooks()
+	for _, h := range opts.DisabledHooks {
+		if !slices.ContainsFunc(known, func(k Hook) bool { return k.Name == h }) {
+			names := make([]string, len(known))
+			for i, k := range known {
+				names[i] = k.Name
+			}
+			return nil, fmt.Errorf("--disabled-cdi-hooks: %q is not an nvidia-cdi-hook createContainer hook: use %s", h, strings.Join(names, ", "))
+		}
 	}
 	return &Driver{opts: opts}, nil
 }
@@ -105,6 +133,7 @@ func (d *Driver) generate(ctx context.Context) (cdispecs.ContainerEdits, error) 
 		// The sandbox utilities only speed up device queries; Tessera does
 		// not use nvcdi for devices.
 		nvcdi.WithFeatureFlags(nvcdi.FeatureDisableNvsandboxUtils),
+		nvcdi.WithDisabledHooks(d.opts.DisabledHooks...),
 	)
 	if err != nil {
 		return cdispecs.ContainerEdits{}, err

@@ -148,6 +148,55 @@ func TestEditsFromFixtureRoot(t *testing.T) {
 	}
 }
 
+// --disabled-cdi-hooks leaves exactly the named hooks out of the driver's
+// edits, and nothing else.
+func TestDisabledHooks(t *testing.T) {
+	root := fixtureDriver(t)
+	subcommands := func(disabled ...string) []string {
+		t.Helper()
+		_, ctx := ktesting.NewTestContext(t)
+		d, err := driverfiles.New(driverfiles.Options{DriverRoot: root, HookPath: "/h", NVML: mockNVML(t, nvmlmock.DefaultDriverVersion), DisabledHooks: disabled})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := d.Edits(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var subs []string
+		for _, h := range e.Hooks {
+			subs = append(subs, h.Args[1])
+		}
+		return subs
+	}
+	all := subcommands()
+	for _, want := range []string{"create-symlinks", "update-ldcache"} {
+		if !slices.Contains(all, want) {
+			t.Fatalf("default hooks %v lack %s", all, want)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		disabled []string
+	}{
+		{"one", []string{"enable-cuda-compat"}},
+		{"two", []string{"update-ldcache", "disable-device-node-modification"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, h := range tc.disabled {
+				if !slices.Contains(all, h) {
+					t.Fatalf("%s is not among the default hooks %v: the case proves nothing", h, all)
+				}
+			}
+			got := subcommands(tc.disabled...)
+			want := slices.DeleteFunc(slices.Clone(all), func(s string) bool { return slices.Contains(tc.disabled, s) })
+			if !slices.Equal(got, want) {
+				t.Errorf("hooks with %v disabled: %v, want %v", tc.disabled, got, want)
+			}
+		})
+	}
+}
+
 // A driver upgraded under a running plugin: the next claim gets the new
 // files; a version with no files is an error naming both.
 func TestEditsFollowDriverVersion(t *testing.T) {
@@ -188,6 +237,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"relative driver root", driverfiles.Options{DriverRoot: "run/nvidia", HookPath: "/h", NVML: srv}, "--driver-root"},
 		{"relative container root", driverfiles.Options{DriverRoot: "/", ContainerDriverRoot: "x", HookPath: "/h", NVML: srv}, "--container-driver-root"},
 		{"relative hook", driverfiles.Options{DriverRoot: "/", HookPath: "nvidia-cdi-hook", NVML: srv}, "--nvidia-cdi-hook-path"},
+		{"unknown hook", driverfiles.Options{DriverRoot: "/", HookPath: "/h", NVML: srv, DisabledHooks: []string{"update-ld-cache"}}, `--disabled-cdi-hooks: "update-ld-cache" is not an nvidia-cdi-hook createContainer hook: use create-symlinks, update-ldcache`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := driverfiles.New(tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -399,7 +399,7 @@ func (d *Driver) driverFiles(ctx context.Context) (prepare.DriverFiles, error) {
 			return nil, err
 		}
 	}
-	files, err := driverfiles.New(driverfiles.Options{DriverRoot: root, ContainerDriverRoot: o.ContainerDriverRoot, HookPath: hook, NVML: d.backend})
+	files, err := driverfiles.New(driverfiles.Options{DriverRoot: root, ContainerDriverRoot: o.ContainerDriverRoot, HookPath: hook, NVML: d.backend, DisabledHooks: o.DisabledCDIHooks})
 	if err != nil {
 		return nil, err
 	}

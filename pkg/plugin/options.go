@@ -64,7 +64,10 @@ type Options struct {
 	// NvidiaCDIHookPath is nvidia-cdi-hook on the host; empty: the plugin
 	// installs its own copy into the plugin data directory.
 	NvidiaCDIHookPath string
-	PrintSlices       bool
+	// DisabledCDIHooks are nvidia-cdi-hook hooks left out of every CDI
+	// spec (driverfiles.KnownHooks).
+	DisabledCDIHooks []string
+	PrintSlices      bool
 	// MPSPipeDir is where the node's MPS control daemons keep their pipe
 	// directories (<dir>/<gpu-uuid> or <dir> for one daemon for all GPUs).
 	MPSPipeDir string
@@ -160,6 +163,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.DevRoot, "dev-root", "/", "Host root whose dev/ holds the NVIDIA device nodes (--gpu-backend=nvml).")
 	fs.StringVar(&o.ContainerDevRoot, "container-dev-root", "", "Where the plugin sees --dev-root; missing control nodes (nvidia-uvm, nvidia-uvm-tools) are created under it. Default: --dev-root itself.")
 	fs.StringVar(&o.NvidiaCDIHookPath, "nvidia-cdi-hook-path", "", "Path ON THE HOST of the nvidia-cdi-hook executable the CDI specs name (container runtimes run hooks in the host's mount namespace). Default: the plugin copies the hook of its image into <plugin-data-dir>/bin and names that.")
+	fs.StringSliceVar(&o.DisabledCDIHooks, "disabled-cdi-hooks", nil, "nvidia-cdi-hook createContainer hooks to leave out of every claim's CDI spec, for images that do not need them (each hook runs at every container start): create-symlinks, update-ldcache, enable-cuda-compat, disable-device-node-modification, update-application-profile. Default: none left out (what the NVIDIA container toolkit generates). docs/enforcement.md#driver-files says what each does.")
 	fs.BoolVar(&o.PrintSlices, "print-slices", false, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", "", "Directory of the node's MPS control daemons: a GPU is served when <dir>/<gpu-uuid>/control (one daemon per GPU) or <dir>/control (one for all) exists; mps-mode claims get that pipe directory mounted.")
 	fs.StringVar(&o.MinEnforcement, "min-enforcement", "none", "The node's enforcement floor: none, mps or interposer (weakest first). A share or time slice whose effective enforcement is weaker (the claim asked for less, or this node lacks --interposer-library or an MPS daemon) fails to prepare; MIG devices and whole GPUs satisfy every floor. A DeviceClass's GpuConfig.minEnforcement can raise it per class.")

@@ -562,6 +562,9 @@ func TestKubeletPlugin(t *testing.T) {
 				if hp["interposer"] != "/usr/local/vgpu/libvgpu.so" || !hasArg(c, "--health-ignored-xids=13,31,43") {
 					t.Errorf("interposer %q, args %v", hp["interposer"], c.Args)
 				}
+				if !hasArg(c, "--disabled-cdi-hooks=enable-cuda-compat,update-application-profile") {
+					t.Errorf("disabledCDIHooks not passed: %v", c.Args)
+				}
 				if ds.Spec.Template.Annotations["checksum/config"] == "" {
 					t.Error("no config checksum: a config change would not roll the pods")
 				}
@@ -904,6 +907,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"interposer installed and named", []string{"--set", "kubeletPlugin.interposer.install.enabled=true", "--set", "kubeletPlugin.interposer.install.image=x/y:1", "--set", "kubeletPlugin.interposerLibrary=/lib/libvgpu.so"}, "not both"},
 		{"relative dev root", []string{"--set", "kubeletPlugin.nvml.devRoot=dev"}, "devRoot"},
 		{"relative hook path", []string{"--set", "kubeletPlugin.nvidiaCDIHookPath=nvidia-cdi-hook"}, "nvidiaCDIHookPath"},
+		{"unknown CDI hook", []string{"--set", "kubeletPlugin.disabledCDIHooks={update-ld-cache}"}, "disabledCDIHooks"},
 		{"two replicas without leader election", []string{"--set", "controller.replicas=2", "--set", "controller.leaderElection.enabled=false"}, "leaderElection"},
 		{"grpc probes on a host port with seamless upgrades", []string{"--set", "kubeletPlugin.healthcheck.mode=grpc", "--set", "kubeletPlugin.hostNetwork=true"}, "use healthcheck.mode=exec"},
 		{"webhook without controller", []string{"--set", "controller.enabled=false"}, "webhook.enabled"},
