@@ -25,7 +25,7 @@ var (
 )
 
 // fixtureDriver builds the fixture driver root once per test binary.
-func fixtureDriver(t *testing.T) string {
+func fixtureDriver(t testing.TB) string {
 	t.Helper()
 	fixtureOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "tessera-driverroot-")
@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func mockNVML(t *testing.T, version string) *nvmlmock.Server {
+func mockNVML(t testing.TB, version string) *nvmlmock.Server {
 	t.Helper()
 	spec, err := nvmlmock.ParseProfile("t4:1")
 	if err != nil {
