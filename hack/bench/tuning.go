@@ -19,6 +19,9 @@ const (
 	tuningBegin   = "<!-- bench-tuning:begin (written by make bench-tuning) -->"
 	tuningEnd     = "<!-- bench-tuning:end -->"
 	tuningCommand = "make bench-tuning"
+	// minNodesToFind is kube-scheduler's floor under
+	// percentageOfNodesToScore (minFeasibleNodesToFind in v1.37).
+	minNodesToFind = 100
 )
 
 // tuningMain runs the tuning benchmark at size (full or small) and writes
@@ -87,6 +90,9 @@ func tuningSection(rep *scale.Report, settings []scale.Setting, m runMeta) strin
 		cfg.Pods, cfg.Share, cfg.Queues)
 	p("Times run from the first create call until the harness saw the last pod bound; CPU is `/proc` user + system of every process of the component over the same span, per bound pod. ")
 	p("**One run on a shared, noisy 2-core machine**: the ratios are against the default measured in the same run, and the default measured again last shows how far the same setting moves between two measurements of one run; a ratio within that spread is no effect.\n\n")
+	if cfg.Nodes < minNodesToFind {
+		p("With %d nodes, fewer than the %d that kube-scheduler always looks for, `percentageOfNodesToScore` changes nothing: its rows show this run's noise.\n\n", cfg.Nodes, minNodesToFind)
+	}
 	if m.small {
 		p("**Small run** (`--scale-size small`): shows the harness works; not the figures to quote.\n\n")
 	}

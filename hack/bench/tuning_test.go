@@ -29,7 +29,7 @@ func TestTuningSection(t *testing.T) {
 	rep.Failed = "score100, shares: timed out"
 	got := tuningSection(rep, settings, runMeta{took: time.Minute, date: "2026-11-27", cpu: "cpu", cores: 2, load: "1 2 3", small: true})
 	for _, want := range []string{
-		tuningBegin, tuningEnd, "Small run", "stopped early**: score100, shares: timed out",
+		tuningBegin, tuningEnd, "Small run", "`percentageOfNodesToScore` changes nothing", "stopped early**: score100, shares: timed out",
 		// 20 s against 10 s (default) and 8 s (again); 3 s of CPU / 100 pods.
 		"| score | 100 | KubeSchedulerConfiguration `percentageOfNodesToScore: 100` | (a') no queue | 20.0 s | 5.0 | 30.00 ms | 0.00 ms | **2.00x** / **2.50x** |",
 		"| defaults | - | - | (a) 4 queues | 5.0 s | 20.0 | 10.00 ms | 0.00 ms | **1.00x** / - |",
