@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale clean help
+.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale bench-tuning clean help
 
 all: build
 
@@ -95,6 +95,10 @@ bench-smoke:
 ## bench-scale: end to end at scale (needs root, < 30 min): 500 KWOK nodes, 4,000 share pods in 10 queues vs the same without, gangs of 64 and 512 vs the same pods ungated; rewrites its section of docs/benchmarks.md (make bench keeps it)
 bench-scale:
 	$(GO) run ./hack/bench --scale
+
+## bench-tuning: settings against the defaults at scale (needs root, < 30 min): 500 KWOK nodes, 1,000 share pods with and without queues per setting (kube-scheduler percentageOfNodesToScore, client QPS, SchedulerPreQueueingHints; Tessera's apply workers, client QPS, cycle interval); rewrites its section of docs/tuning.md
+bench-tuning:
+	$(GO) run ./hack/bench --tuning
 
 ## clean: remove build outputs
 clean:

@@ -8,6 +8,8 @@
 //	go run ./hack/bench --pod-start=off    # skip the local-cluster measurement
 //	go run ./hack/bench --scale            # only the KWOK scale run (make bench-scale, < 30 min):
 //	                                       # rewrites its own section of the report, keeps the rest
+//	go run ./hack/bench --tuning           # only the settings against the defaults on KWOK nodes
+//	                                       # (make bench-tuning, < 30 min): its section of docs/tuning.md
 //
 // make bench keeps the scale section of the report it rewrites; the short
 // run ends with the scale run's small variant (scale.Small).
@@ -74,13 +76,24 @@ func main() {
 	out := flag.String("out", "docs/benchmarks.md", "report to write (plots go to img/ next to it)")
 	podStart := flag.String("pod-start", "auto", "pod start latency on the local cluster: on, off, or auto (on when root and the cluster binaries are built)")
 	scaleOnly := flag.Bool("scale", false, "run only the end-to-end scale benchmark on KWOK nodes and rewrite its section of --out")
-	scaleSize := flag.String("scale-size", "full", "size of the --scale run: full (500 nodes, 4,000 pods) or small (the smoke variant)")
+	scaleSize := flag.String("scale-size", "full", "size of the --scale or --tuning run: full (500 nodes, 4,000 pods; --tuning 1,000) or small (the smoke variant)")
+	tuningOnly := flag.Bool("tuning", false, "run only the tuning benchmark on KWOK nodes (kube-scheduler's and Tessera's settings against the defaults) and rewrite its section of --out (default docs/tuning.md)")
 	flag.Parse()
 	// The scale harness uses a controller-runtime client.
 	ctrllog.SetLogger(klog.Background())
 	ctx := context.Background()
 	start := time.Now()
 	r := &report{short: *short, dir: filepath.Dir(*out)}
+	if *tuningOnly {
+		path := *out
+		if !flagSet("out") {
+			path = tuningDoc
+		}
+		if err := tuningMain(ctx, path, *scaleSize); err != nil {
+			fail(err)
+		}
+		return
+	}
 	if *scaleOnly {
 		cfg := scale.Default()
 		if *scaleSize == "small" {
@@ -90,11 +103,7 @@ func main() {
 		if section == "" {
 			fail(runErr)
 		}
-		doc, err := os.ReadFile(*out)
-		if err != nil && !os.IsNotExist(err) {
-			fail(err)
-		}
-		if err := os.WriteFile(*out, []byte(spliceScale(string(doc), section)), 0o644); err != nil {
+		if err := writeSection(*out, scaleBegin, scaleEnd, section); err != nil {
 			fail(err)
 		}
 		fmt.Fprintf(os.Stderr, "bench: wrote the scale section of %s in %s\n", *out, time.Since(start).Round(time.Second))

@@ -167,13 +167,7 @@ func plotBound(path string, rep *scale.Report) error {
 }
 
 // spliceScale replaces the scale section of doc (or appends it).
-func spliceScale(doc, section string) string {
-	i, j := strings.Index(doc, scaleBegin), strings.Index(doc, scaleEnd)
-	if i < 0 || j < i {
-		return strings.TrimRight(doc, "\n") + "\n\n" + section
-	}
-	return doc[:i] + strings.TrimRight(section, "\n") + doc[j+len(scaleEnd):]
-}
+func spliceScale(doc, section string) string { return splice(doc, scaleBegin, scaleEnd, section) }
 
 // keptScale is the scale section of the report at path, to carry over into
 // a regenerated report; "" when it has none.

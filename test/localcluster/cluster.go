@@ -447,17 +447,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	}, compCM), env); err != nil {
 		return err
 	}
-	if err := c.start(compScheduler, c.Bin.KubeScheduler, c.args([]string{
-		"--kubeconfig=" + kc(schedulerIdentity),
-		"--authentication-kubeconfig=" + kc(schedulerIdentity),
-		"--authorization-kubeconfig=" + kc(schedulerIdentity),
-		"--bind-address=127.0.0.1",
-		fmt.Sprintf("--secure-port=%d", SchedulerPort),
-		"--cert-dir=" + filepath.Join(d.PKI, "scheduler-generated"),
-		"--leader-elect=false",
-		"--feature-gates=" + featureGateFlag(),
-		"--v=1",
-	}, compScheduler), env); err != nil {
+	if err := c.start(compScheduler, c.Bin.KubeScheduler, c.schedulerArgs(nil), env); err != nil {
 		return err
 	}
 	if err := c.recordHostState(); err != nil {

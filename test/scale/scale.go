@@ -48,7 +48,26 @@ func (r *Report) Find(name string) *Result {
 // queues, measures every workload in turn and tears the cluster down. When
 // a workload fails it returns the error and, with it, the report of the
 // workloads measured before (Report.Failed says which one stopped it).
-func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (rep *Report, err error) {
+func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (*Report, error) {
+	return onCluster(ctx, cfg, logf, func(ctx context.Context, h *harness, _ *localcluster.Cluster, rep *Report) error {
+		for _, w := range workloads(cfg) {
+			run, err := h.measure(ctx, w)
+			if err != nil {
+				// What was measured until then is kept: the report says
+				// where the run stopped and why.
+				rep.Failed = fmt.Sprintf("%s: %v", w.title, err)
+				return err
+			}
+			rep.Runs = append(rep.Runs, run)
+		}
+		return nil
+	})
+}
+
+// onCluster brings the cluster of a scale run up with its fake nodes and
+// queues, runs body on it and tears it down. body's error comes back with
+// the report (and the components' log tails).
+func onCluster(ctx context.Context, cfg Config, logf localcluster.Logf, body func(context.Context, *harness, *localcluster.Cluster, *Report) error) (rep *Report, err error) {
 	start := time.Now()
 	cl, err := localcluster.Up(ctx, ClusterOptions(logf))
 	if err != nil {
@@ -103,15 +122,8 @@ func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (rep *Report, 
 		}
 	}
 	rep.ProfileDir = h.profileDir
-	for _, w := range workloads(cfg) {
-		run, err := h.measure(ctx, w)
-		if err != nil {
-			// What was measured until then is kept: the report says where
-			// the run stopped and why.
-			rep.Failed = fmt.Sprintf("%s: %v", w.title, err)
-			return rep, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
-		}
-		rep.Runs = append(rep.Runs, run)
+	if err := body(ctx, h, cl, rep); err != nil {
+		return rep, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
 	}
 	return rep, nil
 }
