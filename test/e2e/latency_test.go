@@ -109,9 +109,20 @@ func TestPodStartLatency(t *testing.T) {
 		if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, time.Minute, "pod "+name+" gone", func(ctx context.Context) (bool, error) {
-			_, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-			return apierrors.IsNotFound(err), nil
+		// Until its claim is gone too: otherwise the next whole-GPU pod
+		// would measure the scheduler's backoff while the GPU is still
+		// allocated.
+		waitFor(t, time.Minute, "pod "+name+" and its claim gone", func(ctx context.Context) (bool, error) {
+			if _, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			claims, err := cluster.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err
+			}
+			return !slices.ContainsFunc(claims.Items, func(c resourceapi.ResourceClaim) bool {
+				return slices.ContainsFunc(c.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Name == name })
+			}), nil
 		})
 	}
 	pm, cm, wm := median(plain), median(claim), median(whole)
