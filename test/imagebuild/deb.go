@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path"
@@ -28,10 +29,11 @@ func DefaultDebCache() string {
 }
 
 // fetchDeb returns the path of p's .deb for arch in cacheDir, downloading it
-// with `apt-get download` when the cache lacks it. The file's SHA256 must
-// equal the manifest's pin; before downloading, the pin must also equal the
-// SHA256 that apt's (signed) package index lists for that version.
-func fetchDeb(ctx context.Context, p Package, arch, cacheDir string, logf func(string, ...any)) (string, error) {
+// when the cache lacks it: with `apt-get download` when apt lists the pinned
+// version (and the SHA256 that apt's signed package index lists equals the
+// pin), else from mirror/<filename>. Either way the file's SHA256 must equal
+// the manifest's pin.
+func fetchDeb(ctx context.Context, p Package, arch, mirror, cacheDir string, logf func(string, ...any)) (string, error) {
 	want, ok := p.SHA256[arch]
 	if !ok {
 		return "", fmt.Errorf("%s: %s has no sha256 for architecture %s; add it from `apt-cache show %s:%s=%s`", ManifestPath, p.Name, arch, p.Name, arch, p.Version)
@@ -39,14 +41,6 @@ func fetchDeb(ctx context.Context, p Package, arch, cacheDir string, logf func(s
 	file := filepath.Join(cacheDir, fmt.Sprintf("%s_%s_%s.deb", p.Name, strings.ReplaceAll(p.Version, ":", "%3a"), arch))
 	if got, err := fileSHA256(file); err == nil && got == want {
 		return file, nil
-	}
-	spec := fmt.Sprintf("%s:%s=%s", p.Name, arch, p.Version)
-	listed, err := aptSHA256(ctx, spec)
-	if err != nil {
-		return "", err
-	}
-	if listed != want {
-		return "", fmt.Errorf("%s: %s: sha256 pin %s, but apt's package index lists %s: fix the pin", ManifestPath, spec, want, listed)
 	}
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return "", err
@@ -56,27 +50,67 @@ func fetchDeb(ctx context.Context, p Package, arch, cacheDir string, logf func(s
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	logf("apt-get download %s", spec)
-	cmd := exec.CommandContext(ctx, "apt-get", "download", "-q", spec)
-	cmd.Dir = tmp
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("apt-get download %s: %w\n%s", spec, err, b)
+	spec := fmt.Sprintf("%s:%s=%s", p.Name, arch, p.Version)
+	var deb string
+	listed, aptErr := aptSHA256(ctx, spec)
+	switch {
+	case aptErr == nil && listed != want:
+		return "", fmt.Errorf("%s: %s: sha256 pin %s, but apt's package index lists %s: fix the pin", ManifestPath, spec, want, listed)
+	case aptErr == nil:
+		logf("apt-get download %s", spec)
+		cmd := exec.CommandContext(ctx, "apt-get", "download", "-q", spec)
+		cmd.Dir = tmp
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("apt-get download %s: %w\n%s", spec, err, b)
+		}
+		debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
+		if len(debs) != 1 {
+			return "", fmt.Errorf("apt-get download %s wrote %d .deb files, want 1", spec, len(debs))
+		}
+		deb = debs[0]
+	default:
+		u := strings.TrimSuffix(mirror, "/") + "/" + strings.TrimSuffix(p.Filename, "_amd64.deb") + "_" + arch + ".deb"
+		logf("apt does not list %s: fetching %s", spec, u)
+		deb = filepath.Join(tmp, "download.deb")
+		if err := download(ctx, u, deb); err != nil {
+			return "", fmt.Errorf("%w\nand fetching %s: %v", aptErr, u, err)
+		}
 	}
-	debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
-	if len(debs) != 1 {
-		return "", fmt.Errorf("apt-get download %s wrote %d .deb files, want 1", spec, len(debs))
-	}
-	got, err := fileSHA256(debs[0])
+	got, err := fileSHA256(deb)
 	if err != nil {
 		return "", err
 	}
 	if got != want {
-		return "", fmt.Errorf("apt-get download %s: the file's sha256 is %s, the pin %s", spec, got, want)
+		return "", fmt.Errorf("%s: the downloaded file's sha256 is %s, the pin %s", spec, got, want)
 	}
-	if err := os.Rename(debs[0], file); err != nil {
+	if err := os.Rename(deb, file); err != nil {
 		return "", err
 	}
 	return file, nil
+}
+
+func download(ctx context.Context, url, dst string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	f, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // aptSHA256 is the SHA256 apt's package index lists for spec

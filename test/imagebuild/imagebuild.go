@@ -123,7 +123,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	files := Files{}
 	res := &Result{Tag: o.Tag}
 	for _, p := range m.Packages {
-		deb, err := fetchDeb(ctx, p, DebianArch(goarch), o.DebCache, o.Logf)
+		deb, err := fetchDeb(ctx, p, DebianArch(goarch), m.Mirror, o.DebCache, o.Logf)
 		if err != nil {
 			return nil, err
 		}

@@ -4,9 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path"
@@ -117,7 +121,7 @@ func debFiles(t *testing.T, m *Manifest) Files {
 	t.Helper()
 	fs := Files{}
 	for _, p := range m.Packages {
-		deb, err := fetchDeb(context.Background(), p, DebianArch(runtime.GOARCH), DefaultDebCache(), t.Logf)
+		deb, err := fetchDeb(context.Background(), p, DebianArch(runtime.GOARCH), m.Mirror, DefaultDebCache(), t.Logf)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -425,17 +429,21 @@ func TestParseManifest(t *testing.T) {
 	if _, err := ParseManifest(good); err != nil {
 		t.Fatalf("%s: %v", ManifestPath, err)
 	}
-	base := "debian: bookworm\nbinaries: [{name: a, package: ./cmd/a}]\n"
+	base := "debian: bookworm\nmirror: http://deb.debian.org/debian\nbinaries: [{name: a, package: ./cmd/a}]\n"
+	pkg := "packages: [{name: libc6, version: '1', filename: pool/main/g/glibc/libc6_1_amd64.deb, "
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"minimal", base, ""},
-		{"no release", "binaries: [{name: a, package: ./cmd/a}]\n", "debian:"},
-		{"no binaries", "debian: bookworm\n", "binaries:"},
-		{"binary without package", "debian: bookworm\nbinaries: [{name: a}]\n", "binaries[0].package"},
-		{"duplicate binary", "debian: bookworm\nbinaries: [{name: a, package: x}, {name: a, package: y}]\n", "binaries[1].name"},
+		{"no release", "mirror: http://x\nbinaries: [{name: a, package: ./cmd/a}]\n", "debian:"},
+		{"no mirror", "debian: bookworm\nbinaries: [{name: a, package: ./cmd/a}]\n", "mirror:"},
+		{"no binaries", "debian: bookworm\nmirror: http://x\n", "binaries:"},
+		{"binary without package", "debian: bookworm\nmirror: http://x\nbinaries: [{name: a}]\n", "binaries[0].package"},
+		{"duplicate binary", "debian: bookworm\nmirror: http://x\nbinaries: [{name: a, package: x}, {name: a, package: y}]\n", "binaries[1].name"},
 		{"unknown field", base + "pakages: []\n", "pakages"},
+		{"package", base + pkg + "sha256: {amd64: " + strings.Repeat("a", 64) + "}}]\n", ""},
 		{"package without version", base + "packages: [{name: libc6, sha256: {amd64: " + strings.Repeat("a", 64) + "}}]\n", "packages[0].version"},
-		{"package without sha256", base + "packages: [{name: libc6, version: '1'}]\n", "packages[0].sha256"},
-		{"bad sha256", base + "packages: [{name: libc6, version: '1', sha256: {amd64: ABC}}]\n", "packages[0].sha256.amd64"},
+		{"package without filename", base + "packages: [{name: libc6, version: '1', sha256: {amd64: " + strings.Repeat("a", 64) + "}}]\n", "packages[0].filename"},
+		{"package without sha256", base + pkg + "}]\n", "packages[0].sha256"},
+		{"bad sha256", base + pkg + "sha256: {amd64: ABC}}]\n", "packages[0].sha256.amd64"},
 		{"relative home", base + "users: [{name: u, uid: 1, home: home}]\n", "users[0]"},
 		{"bad mode", base + "directories: [{path: /tmp, mode: '1999'}]\n", "directories[0].mode"},
 	} {
@@ -514,5 +522,60 @@ func TestLayerIsDeterministic(t *testing.T) {
 	}
 	if got := strings.Join(names, ","); got != "tmp/,usr/,usr/bin/,usr/bin/a" {
 		t.Errorf("order = %s", got)
+	}
+}
+
+// TestFetchDebFromMirror: a version apt does not list (here a package no
+// archive has) comes from mirror/filename and must match the pinned
+// SHA256; the cache then answers without the network.
+func TestFetchDebFromMirror(t *testing.T) {
+	body := []byte("not really a deb")
+	sum := sha256.Sum256(body)
+	good := hex.EncodeToString(sum[:])
+	var hits int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		if r.URL.Path != "/debian/pool/main/t/tessera-no-such-package/tessera-no-such-package_1_amd64.deb" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write(body)
+	}))
+	defer srv.Close()
+	pkg := func(sha, filename string) Package {
+		return Package{Name: "tessera-no-such-package", Version: "1", Filename: filename, SHA256: map[string]string{"amd64": sha}}
+	}
+	const filename = "pool/main/t/tessera-no-such-package/tessera-no-such-package_1_amd64.deb"
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		p    Package
+		want string // "" for success
+	}{
+		{"pinned sha256 matches", pkg(good, filename), ""},
+		{"pinned sha256 differs", pkg(strings.Repeat("0", 64), filename), "the pin " + strings.Repeat("0", 64)},
+		{"not on the mirror", pkg(good, "pool/main/t/other/other_1_amd64.deb"), "404"},
+		{"architecture not pinned", Package{Name: "x", Version: "1", Filename: filename, SHA256: map[string]string{"arm64": good}}, "no sha256 for architecture amd64"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cache := t.TempDir()
+			got, err := fetchDeb(ctx, tc.p, "amd64", srv.URL+"/debian", cache, t.Logf)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("fetchDeb = %v, want an error containing %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := os.ReadFile(got); !bytes.Equal(b, body) {
+				t.Errorf("cached file holds %q", b)
+			}
+			before := hits
+			if again, err := fetchDeb(ctx, tc.p, "amd64", "http://127.0.0.1:1/unreachable", cache, t.Logf); err != nil || again != got || hits != before {
+				t.Errorf("second fetch = %s, %v (%d more requests): want the cached file", again, err, hits-before)
+			}
+		})
 	}
 }

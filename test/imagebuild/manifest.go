@@ -2,11 +2,13 @@ package imagebuild
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 )
@@ -18,6 +20,10 @@ const ManifestPath = "deployments/container/image.yaml"
 type Manifest struct {
 	// Debian is the release the packages come from (bookworm).
 	Debian string `json:"debian"`
+	// Mirror is the Debian archive the packages' Filename is relative to,
+	// used when apt on the build machine does not list a pinned version
+	// (another release, Ubuntu).
+	Mirror string `json:"mirror"`
 	// Binaries go into BinDir.
 	Binaries []Command `json:"binaries"`
 	// Packages are unpacked whole into the image.
@@ -43,6 +49,9 @@ type Package struct {
 	Version string `json:"version"`
 	// SHA256 of the .deb by Debian architecture (amd64, arm64).
 	SHA256 map[string]string `json:"sha256"`
+	// Filename is the .deb's path in the archive for amd64 (apt-cache
+	// show's Filename); the other architectures' replace _amd64.deb.
+	Filename string `json:"filename"`
 }
 
 // User is an /etc/passwd entry; its group has the same name and id.
@@ -96,6 +105,9 @@ func (m *Manifest) validate() error {
 	if len(m.Binaries) == 0 {
 		return fmt.Errorf("binaries: empty; list at least one binary (name, package)")
 	}
+	if u, err := url.Parse(m.Mirror); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("mirror: %q is not an http(s) URL; set the Debian archive, e.g. http://deb.debian.org/debian", m.Mirror)
+	}
 	seen := map[string]bool{}
 	for i, c := range m.Binaries {
 		if !nameRE.MatchString(c.Name) || seen[c.Name] {
@@ -112,6 +124,9 @@ func (m *Manifest) validate() error {
 		}
 		if p.Version == "" {
 			return fmt.Errorf("packages[%d].version: empty; pin the version `apt-cache show --no-all-versions %s` lists", i, p.Name)
+		}
+		if !strings.HasPrefix(p.Filename, "pool/") || !strings.HasSuffix(p.Filename, "_amd64.deb") {
+			return fmt.Errorf("packages[%d].filename: %q; set the Filename `apt-cache show %s:amd64=%s` lists (pool/..._amd64.deb)", i, p.Filename, p.Name, p.Version)
 		}
 		if len(p.SHA256) == 0 {
 			return fmt.Errorf("packages[%d].sha256: empty; add <architecture>: <the SHA256 `apt-cache show %s=%s` lists>", i, p.Name, p.Version)
