@@ -1,4 +1,6 @@
-# Container image targets; the top-level Makefile includes this file.
+# Container image targets; the top-level Makefile includes this file. Both
+# build the image deployments/container/image.yaml defines, with the same tool
+# (go run ./hack/image); docs/install.md, "Images".
 #   make image-archive   build the image without Docker into bin/tessera-image.tar
 #                        (OCI archive, tessera.dev/tessera:dev) for ctr import
 #   make image-docker    docker build with deployments/container/Dockerfile
@@ -13,6 +15,6 @@ IMAGE_TAG     ?= tessera.dev/tessera:dev
 image-archive:
 	$(GO) run ./hack/image -o $(IMAGE_ARCHIVE) -tag $(IMAGE_TAG)
 
-## image-docker: build the image with Docker/BuildKit
+## image-docker: build the same image with Docker/BuildKit (its build stage runs hack/image)
 image-docker:
 	docker build -f deployments/container/Dockerfile -t $(IMAGE_TAG) .

@@ -7,8 +7,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -44,27 +42,12 @@ const (
 var Policies = []Policy{WholeGPU, TimeSlice4, Shares, SharesMIG}
 
 // NodeGroup is Count nodes with the mock profile Profile.
-type NodeGroup struct {
-	Count   int
-	Profile string
-}
+type NodeGroup = nvmlmock.NodeGroup
 
 // ParseNodes parses "<count>x<profile>" groups separated by ";", e.g.
 // "10xdgxh100;25xt4:4".
 func ParseNodes(s string) ([]NodeGroup, error) {
-	var out []NodeGroup
-	for _, part := range strings.Split(s, ";") {
-		countStr, profile, ok := strings.Cut(strings.TrimSpace(part), "x")
-		n, err := strconv.Atoi(countStr)
-		if !ok || err != nil || n < 1 {
-			return nil, fmt.Errorf("node group %q: use <count>x<profile>, e.g. 10xdgxh100", part)
-		}
-		if _, err := nvmlmock.ParseProfile(profile); err != nil {
-			return nil, fmt.Errorf("node group %q: %w", part, err)
-		}
-		out = append(out, NodeGroup{Count: n, Profile: profile})
-	}
-	return out, nil
+	return nvmlmock.ParseNodeGroups(s)
 }
 
 // Result is what one policy achieved on one trace.

@@ -1,30 +1,26 @@
-// Package imagebuild builds Tessera's container image without Docker: it
-// compiles the commands, lays them out with what they need at run time and
-// writes an OCI image layout archive that `ctr -n k8s.io images import`
-// (containerd) and `podman load` accept.
+// Package imagebuild builds Tessera's container image from its one
+// definition, deployments/container/image.yaml (see Manifest): it compiles
+// the binaries, unpacks the pinned Debian packages that supply their
+// runtime libraries (fetched with `apt-get download`, checksums verified;
+// nothing is copied from the build machine's /lib), adds /etc/passwd,
+// /etc/group and the listed directories, checks with Verify that every
+// binary can start inside the image, and writes
 //
-// The image is the same as deployments/container/Dockerfile's:
+//   - an OCI image layout archive that `ctr -n k8s.io images import`
+//     (containerd) and `podman load` accept: what `make image-archive`,
+//     the end-to-end tests and `make demo` use;
+//   - and/or the image's file system as a directory: what the build stage of
+//     deployments/container/Dockerfile writes and its FROM scratch stage
+//     copies, so both builds hold the same files.
 //
-//	/usr/bin/kubelet-plugin   cgo (go-nvml dlopens libnvidia-ml.so.1), so
-//	                          dynamically linked against glibc; the loader
-//	                          and the glibc libraries come along
-//	/usr/bin/controller       static (CGO_ENABLED=0)
-//	/usr/bin/nvidia-cdi-hook  cgo (go-nvml); NVIDIA's CDI hook, which the
-//	                          plugin copies onto the host (it runs there,
-//	                          against the host's glibc)
-//	/etc/passwd, /etc/group   root and nonroot (65532)
-//	/tmp
-//
-// glibc is copied from the build machine, as a distroless base image would
-// provide it; NVIDIA's libraries are never in the image (the plugin loads
-// them from the node's driver root).
+// NVIDIA's libraries are never in the image: the plugin loads them from the
+// node's driver root.
 package imagebuild
 
 import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"debug/elf"
 	"fmt"
 	"io"
 	"os"
@@ -32,6 +28,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -47,34 +44,6 @@ import (
 // DefaultTag is the image name the local cluster's chart values deploy.
 const DefaultTag = "tessera.dev/tessera:dev"
 
-// Commands are the binaries that go into the image, with whether they need
-// cgo.
-var Commands = []Command{
-	{Name: "kubelet-plugin", CGO: true},
-	{Name: "controller", CGO: false},
-	// The CDI hook the driver files' specs name (symlinks, ld cache); the
-	// plugin copies it onto the host. Built from the Go module proxy at
-	// the version go.mod's tool directive pins. cgo: it links go-nvml.
-	{Name: "nvidia-cdi-hook", Package: "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook", CGO: true},
-}
-
-// Command is one binary: ./cmd/<Name>, or Package when set.
-type Command struct {
-	Name string
-	// Package is a Go package of a dependency to build instead of
-	// ./cmd/<Name>.
-	Package string
-	// CGO: the command needs cgo (go-nvml's dlopen wrapper does).
-	CGO bool
-}
-
-func (c Command) pkg() string {
-	if c.Package != "" {
-		return c.Package
-	}
-	return "./cmd/" + c.Name
-}
-
 // BinDir is where the commands live in the image.
 const BinDir = "/usr/bin"
 
@@ -84,17 +53,25 @@ var Epoch = time.Unix(0, 0).UTC()
 
 // Options configure Build.
 type Options struct {
-	// RepoRoot is the repository to build from.
+	// RepoRoot is the repository to build from; its ManifestPath defines
+	// the image.
 	RepoRoot string
 	// Tag is the image name, e.g. tessera.dev/tessera:dev.
 	Tag string
-	// Output is the OCI archive to write (a tar of an OCI image layout).
+	// Output is the OCI archive to write (a tar of an OCI image layout);
+	// empty: none.
 	Output string
-	// Commands to include; nil: every entry of Commands whose ./cmd/<name>
-	// has Go sources (a command not written yet is left out with a note).
-	Commands []Command
+	// Rootfs is a directory to write the image's file system into (it must
+	// not exist or be empty); empty: none.
+	Rootfs string
+	// Only names the binaries to include; nil: every binary of the
+	// manifest, except a ./cmd/<name> that has no Go sources yet (left out
+	// with a note).
+	Only []string
 	// Version is stamped into the image's labels.
 	Version string
+	// DebCache keeps the fetched .deb files; empty: DefaultDebCache().
+	DebCache string
 	// Logf reports progress; may be nil.
 	Logf func(format string, args ...any)
 }
@@ -108,7 +85,7 @@ type Result struct {
 	Files []string
 }
 
-// Build compiles the commands and writes the OCI archive.
+// Build compiles the binaries, assembles the image and writes it.
 func Build(ctx context.Context, o Options) (*Result, error) {
 	if o.Tag == "" {
 		o.Tag = DefaultTag
@@ -119,18 +96,23 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	if o.Version == "" {
 		o.Version = "dev"
 	}
-	cmds := o.Commands
-	if cmds == nil {
-		for _, c := range Commands {
-			if c.Package != "" || HasGoSources(filepath.Join(o.RepoRoot, "cmd", c.Name)) {
-				cmds = append(cmds, c)
-			} else {
-				o.Logf("./cmd/%s has no sources yet: left out of the image", c.Name)
-			}
-		}
+	if o.DebCache == "" {
+		o.DebCache = DefaultDebCache()
 	}
-	if len(cmds) == 0 {
-		return nil, fmt.Errorf("no command to put into the image")
+	if o.Output == "" && o.Rootfs == "" {
+		return nil, fmt.Errorf("nothing to write: set an OCI archive (Output) or a directory (Rootfs)")
+	}
+	m, err := LoadManifest(o.RepoRoot)
+	if err != nil {
+		return nil, err
+	}
+	cmds, err := selectCommands(m, o)
+	if err != nil {
+		return nil, err
+	}
+	goarch := os.Getenv("GOARCH")
+	if goarch == "" {
+		goarch = runtime.GOARCH
 	}
 	tmp, err := os.MkdirTemp("", "tessera-image-")
 	if err != nil {
@@ -138,19 +120,22 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	}
 	defer os.RemoveAll(tmp)
 
-	files := map[string]file{}
-	addDirs := func(p string) {
-		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
-			if _, ok := files[d]; !ok {
-				files[d] = file{mode: 0o755, dir: true}
-			}
+	files := Files{}
+	res := &Result{Tag: o.Tag}
+	for _, p := range m.Packages {
+		deb, err := fetchDeb(ctx, p, DebianArch(goarch), m.Mirror, o.DebCache, o.Logf)
+		if err != nil {
+			return nil, err
+		}
+		o.Logf("unpacking %s %s", p.Name, p.Version)
+		if err := unpackDeb(ctx, deb, files); err != nil {
+			return nil, err
 		}
 	}
-	res := &Result{Tag: o.Tag}
 	for _, c := range cmds {
 		bin := filepath.Join(tmp, c.Name)
-		o.Logf("building %s (cgo %v)", c.pkg(), c.CGO)
-		if err := goBuild(ctx, o.RepoRoot, bin, c.pkg(), c.CGO); err != nil {
+		o.Logf("building %s (cgo %v)", c.Package, c.CGO)
+		if err := goBuild(ctx, o.RepoRoot, bin, c.Package, c.CGO); err != nil {
 			return nil, err
 		}
 		data, err := os.ReadFile(bin)
@@ -158,42 +143,42 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 		p := path.Join(BinDir, c.Name)
-		files[p] = file{mode: 0o755, data: data}
-		addDirs(p)
+		if _, ok := files[p]; ok {
+			return nil, fmt.Errorf("%s: binary %s: a Debian package already ships %s", ManifestPath, c.Name, p)
+		}
+		files.add(p, file{mode: 0o755, data: data})
 		res.Commands = append(res.Commands, c.Name)
-		libs, err := runtimeLibraries(bin)
-		if err != nil {
-			return nil, fmt.Errorf("./cmd/%s: %w", c.Name, err)
-		}
-		for _, lib := range libs {
-			if _, ok := files[lib.imagePath]; ok {
-				continue
-			}
-			data, err := os.ReadFile(lib.hostPath)
-			if err != nil {
-				return nil, err
-			}
-			files[lib.imagePath] = file{mode: 0o755, data: data}
-			addDirs(lib.imagePath)
-		}
 	}
-	files["/etc/passwd"] = file{mode: 0o644, data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")}
-	files["/etc/group"] = file{mode: 0o644, data: []byte("root:x:0:\nnonroot:x:65532:\n")}
-	files["/etc"] = file{mode: 0o755, dir: true}
-	files["/tmp"] = file{mode: 0o1777, dir: true}
-	files["/root"] = file{mode: 0o700, dir: true}
-	files["/home/nonroot"] = file{mode: 0o700, dir: true, uid: 65532}
-	addDirs("/home/nonroot/x")
-
-	layerTar, err := tarFiles(files)
-	if err != nil {
-		return nil, err
+	var passwd, group strings.Builder
+	for _, u := range m.Users {
+		fmt.Fprintf(&passwd, "%s:x:%d:%d:%s:%s:/sbin/nologin\n", u.Name, u.UID, u.UID, u.Name, u.Home)
+		fmt.Fprintf(&group, "%s:x:%d:\n", u.Name, u.UID)
+		files.add(u.Home, file{mode: 0o700, dir: true, uid: u.UID, gid: u.UID})
+	}
+	files.add("/etc/passwd", file{mode: 0o644, data: []byte(passwd.String())})
+	files.add("/etc/group", file{mode: 0o644, data: []byte(group.String())})
+	for _, d := range m.Directories {
+		mode, _ := d.mode()
+		files.add(d.Path, file{mode: mode, dir: true})
+	}
+	if err := Verify(files, goarch, res.Commands); err != nil {
+		return nil, fmt.Errorf("the image would not run: %w", err)
 	}
 	for p := range files {
 		res.Files = append(res.Files, p)
 	}
 	sort.Strings(res.Files)
 
+	if o.Rootfs != "" {
+		o.Logf("writing the file system to %s", o.Rootfs)
+		if err := writeRootfs(o.Rootfs, files); err != nil {
+			return nil, err
+		}
+	}
+	layerTar, err := tarFiles(files)
+	if err != nil {
+		return nil, err
+	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
 	}, tarball.WithMediaType(types.OCILayer))
@@ -209,8 +194,9 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	cfg = cfg.DeepCopy()
-	cfg.Architecture, cfg.OS = runtime.GOARCH, "linux"
+	cfg.Architecture, cfg.OS = goarch, "linux"
 	cfg.Created = v1.Time{Time: Epoch}
+	// As deployments/container/Dockerfile's ENV and WORKDIR.
 	cfg.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cfg.Config.WorkingDir = "/"
 	// No entrypoint: the chart names the command (/usr/bin/kubelet-plugin or
@@ -223,7 +209,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	}
 	for i := range cfg.History {
 		cfg.History[i].Created = v1.Time{Time: Epoch}
-		cfg.History[i].CreatedBy = "tessera hack/image"
+		cfg.History[i].CreatedBy = "tessera hack/image from " + ManifestPath
 	}
 	img, err = mutate.ConfigFile(img, cfg)
 	if err != nil {
@@ -231,6 +217,9 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	}
 	if res.Digest, err = img.Digest(); err != nil {
 		return nil, err
+	}
+	if o.Output == "" {
+		return res, nil
 	}
 
 	dir := filepath.Join(tmp, "layout")
@@ -243,7 +232,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 		tagPart = "latest"
 	}
 	if err := lp.AppendImage(img,
-		layout.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
+		layout.WithPlatform(v1.Platform{OS: "linux", Architecture: goarch}),
 		layout.WithAnnotations(map[string]string{
 			// containerd names the imported image after this annotation.
 			"io.containerd.image.name":          o.Tag,
@@ -258,6 +247,109 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	return res, nil
+}
+
+// selectCommands picks the manifest's binaries Options ask for.
+func selectCommands(m *Manifest, o Options) ([]Command, error) {
+	var cmds []Command
+	if o.Only == nil {
+		for _, c := range m.Binaries {
+			if dir, ok := strings.CutPrefix(c.Package, "./"); ok && !HasGoSources(filepath.Join(o.RepoRoot, dir)) {
+				o.Logf("%s has no sources yet: left out of the image", c.Package)
+				continue
+			}
+			cmds = append(cmds, c)
+		}
+	}
+	for _, name := range o.Only {
+		i := slices.IndexFunc(m.Binaries, func(c Command) bool { return c.Name == name })
+		if i < 0 {
+			known := make([]string, 0, len(m.Binaries))
+			for _, c := range m.Binaries {
+				known = append(known, c.Name)
+			}
+			return nil, fmt.Errorf("binary %q is not in %s; known: %s", name, ManifestPath, strings.Join(known, ", "))
+		}
+		cmds = append(cmds, m.Binaries[i])
+	}
+	if len(cmds) == 0 {
+		return nil, fmt.Errorf("no binary to put into the image")
+	}
+	return cmds, nil
+}
+
+// add puts f at p, with any missing parent directory (0755, root).
+func (fs Files) add(p string, f file) {
+	fs[p] = f
+	for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
+		if _, ok := fs[d]; !ok {
+			fs[d] = file{mode: 0o755, dir: true}
+		}
+	}
+}
+
+// writeRootfs writes files under dir: modes kept, owners too when running
+// as root (as in the Dockerfile's build stage).
+func writeRootfs(dir string, files Files) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) > 0 {
+		return fmt.Errorf("rootfs %s: want an empty or missing directory (%d entries, %v)", dir, len(ents), err)
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	root := os.Geteuid() == 0
+	for _, n := range names {
+		f, p := files[n], filepath.Join(dir, filepath.FromSlash(n))
+		var err error
+		switch {
+		case f.dir:
+			err = os.Mkdir(p, 0o755)
+		case f.link != "":
+			err = os.Symlink(f.link, p)
+		default:
+			err = os.WriteFile(p, f.data, 0o600)
+		}
+		if err == nil && root {
+			err = os.Lchown(p, f.uid, f.gid)
+		}
+		if err == nil && f.link == "" && !f.dir {
+			err = os.Chmod(p, modeOf(f.mode))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	// Directory modes last (and deepest first), so a read-only directory
+	// does not stop its children being written.
+	for i := len(names) - 1; i >= 0; i-- {
+		if f := files[names[i]]; f.dir {
+			if err := os.Chmod(filepath.Join(dir, filepath.FromSlash(names[i])), modeOf(f.mode)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// modeOf turns a tar mode (with setuid, setgid and sticky bits) into an
+// os.FileMode.
+func modeOf(m int64) os.FileMode {
+	mode := os.FileMode(m & 0o777)
+	if m&0o4000 != 0 {
+		mode |= os.ModeSetuid
+	}
+	if m&0o2000 != 0 {
+		mode |= os.ModeSetgid
+	}
+	if m&0o1000 != 0 {
+		mode |= os.ModeSticky
+	}
+	return mode
 }
 
 // HasGoSources tells whether dir holds a non-test Go file (a command that
@@ -296,97 +388,8 @@ func goBuild(ctx context.Context, root, out, pkg string, cgo bool) error {
 	return nil
 }
 
-type library struct{ imagePath, hostPath string }
-
-// glibcCompanions are loaded by glibc or by libraries the plugin dlopens
-// (libnvidia-ml.so.1 needs libm, libdl, libpthread and librt). They must come
-// from the same glibc as libc.so.6, so they come along whenever libc does.
-var glibcCompanions = []string{"libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1"}
-
-// runtimeLibraries lists what a dynamically linked binary needs to start:
-// its ELF interpreter and the transitive closure of DT_NEEDED, resolved on
-// this machine. A static binary needs nothing.
-func runtimeLibraries(bin string) ([]library, error) {
-	f, err := elf.Open(bin)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var interp string
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			b, err := io.ReadAll(p.Open())
-			if err != nil {
-				return nil, err
-			}
-			interp = strings.TrimRight(string(b), "\x00")
-		}
-	}
-	if interp == "" {
-		return nil, nil
-	}
-	out := []library{{imagePath: interp, hostPath: interp}}
-	if _, err := os.Stat(interp); err != nil {
-		return nil, fmt.Errorf("ELF interpreter %s: %w", interp, err)
-	}
-	seen := map[string]bool{}
-	queue, err := f.ImportedLibraries()
-	if err != nil {
-		return nil, err
-	}
-	for len(queue) > 0 {
-		name := queue[0]
-		queue = queue[1:]
-		if seen[name] {
-			continue
-		}
-		seen[name] = true
-		if name == "libc.so.6" {
-			queue = append(queue, glibcCompanions...)
-		}
-		p, err := findLibrary(name)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, library{imagePath: p, hostPath: p})
-		lf, err := elf.Open(p)
-		if err != nil {
-			return nil, err
-		}
-		deps, err := lf.ImportedLibraries()
-		lf.Close()
-		if err != nil {
-			return nil, err
-		}
-		queue = append(queue, deps...)
-	}
-	return out, nil
-}
-
-func libraryDirs() []string {
-	triplet := map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}[runtime.GOARCH]
-	return []string{"/lib/" + triplet, "/usr/lib/" + triplet, "/lib64", "/usr/lib64", "/lib", "/usr/lib"}
-}
-
-func findLibrary(name string) (string, error) {
-	for _, d := range libraryDirs() {
-		p := filepath.Join(d, name)
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("shared library %s not found in %v", name, libraryDirs())
-}
-
-type file struct {
-	mode int64
-	data []byte
-	dir  bool
-	uid  int
-}
-
 // tarFiles writes files as a layer: sorted, parents first, fixed times.
-func tarFiles(files map[string]file) ([]byte, error) {
+func tarFiles(files Files) ([]byte, error) {
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
@@ -396,16 +399,19 @@ func tarFiles(files map[string]file) ([]byte, error) {
 	tw := tar.NewWriter(&buf)
 	for _, n := range names {
 		f := files[n]
-		h := &tar.Header{Name: strings.TrimPrefix(n, "/"), Mode: f.mode, ModTime: Epoch, Uid: f.uid, Gid: f.uid, Format: tar.FormatPAX}
-		if f.dir {
+		h := &tar.Header{Name: strings.TrimPrefix(n, "/"), Mode: f.mode, ModTime: Epoch, Uid: f.uid, Gid: f.gid, Format: tar.FormatPAX}
+		switch {
+		case f.dir:
 			h.Typeflag, h.Name = tar.TypeDir, h.Name+"/"
-		} else {
+		case f.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, f.link
+		default:
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(f.data))
 		}
 		if err := tw.WriteHeader(h); err != nil {
 			return nil, err
 		}
-		if !f.dir {
+		if h.Typeflag == tar.TypeReg {
 			if _, err := tw.Write(f.data); err != nil {
 				return nil, err
 			}

@@ -159,7 +159,7 @@ func (c *Cluster) ensureImage(ctx context.Context) (*builtImage, error) {
 	if img == nil {
 		archive := filepath.Join(c.Dirs.Images, "tessera.tar")
 		start := time.Now()
-		c.logf("building image %s (hack/image: kubelet plugin with cgo, static controller; no Docker)", helm.LocalClusterImage)
+		c.logf("building image %s from %s (hack/image; no Docker)", helm.LocalClusterImage, imagebuild.ManifestPath)
 		stop := progress(30*time.Second, func(elapsed time.Duration) {
 			c.logf("  still building the image (%s; a cold Go build cache takes minutes)", elapsed.Round(time.Second))
 		})

@@ -12,15 +12,15 @@ import (
 	"github.com/spf13/pflag"
 	resourceapi "k8s.io/api/resource/v1"
 
+	"github.com/tessera-dev/tessera/pkg/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/plugin"
-	"github.com/tessera-dev/tessera/pkg/sim"
 	"github.com/tessera-dev/tessera/pkg/whatif"
 )
 
 // ParseNodes reads --add-nodes: "<count>x<profile>" groups separated by
-// ";" or ",", e.g. 4xdgxh100 (the sim's syntax).
+// ";" or ",", e.g. 4xdgxh100 (the simulator's syntax).
 func ParseNodes(s string) ([]whatif.NodeGroup, error) {
-	groups, err := sim.ParseNodes(strings.ReplaceAll(s, ",", ";"))
+	groups, err := nvmlmock.ParseNodeGroups(strings.ReplaceAll(s, ",", ";"))
 	if err != nil {
 		return nil, err
 	}
