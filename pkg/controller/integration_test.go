@@ -8,9 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -29,53 +27,14 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/controller"
 	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/webhook"
+	"github.com/tessera-dev/tessera/test/apiserver"
 )
-
-// assets finds kube-apiserver, etcd and kubectl without downloading them:
-// $KUBEBUILDER_ASSETS, else the binaries the local-cluster harness builds
-// into ~/.cache/tessera/bin (make cluster-binaries / hack/ builds them).
-func assets(t *testing.T) string {
-	t.Helper()
-	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
-		return d
-	}
-	root := os.Getenv("TESSERA_CACHE")
-	if root == "" {
-		home, _ := os.UserHomeDir()
-		root = filepath.Join(home, ".cache", "tessera")
-	}
-	latest := func(pattern string) string {
-		m, _ := filepath.Glob(filepath.Join(root, "bin", pattern))
-		sort.Strings(m)
-		if len(m) == 0 {
-			return ""
-		}
-		return m[len(m)-1]
-	}
-	k8s, etcd := latest("kubernetes-v*"), latest("etcd-v*")
-	bins := map[string]string{
-		"kube-apiserver": filepath.Join(k8s, "kube-apiserver"),
-		"kubectl":        filepath.Join(k8s, "kubectl"),
-		"etcd":           filepath.Join(etcd, "etcd"),
-	}
-	dir := t.TempDir()
-	for name, path := range bins {
-		if _, err := os.Stat(path); k8s == "" || etcd == "" || err != nil {
-			t.Skipf("integration test needs kube-apiserver and etcd: set KUBEBUILDER_ASSETS or build them into %s/bin/{kubernetes-v*,etcd-v*} (the local-cluster harness does; missing %s)", root, name)
-		}
-		if err := os.Symlink(path, filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 func freePort(t *testing.T) int {
 	t.Helper()
@@ -117,17 +76,14 @@ type replica struct {
 }
 
 func startEnv(t *testing.T) *env {
-	dir := assets(t)
-	te := &envtest.Environment{
-		BinaryAssetsDirectory: dir,
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "deployments", "crds")},
-		ErrorIfCRDPathMissing: true,
+	s, err := apiserver.Start(t, apiserver.Options{CRDDirs: []string{filepath.Join("..", "..", "deployments", "crds")}})
+	if errors.Is(err, apiserver.ErrNoBinaries) {
+		t.Skipf("integration test needs kube-apiserver and etcd: %v", err)
 	}
-	cfg, err := te.Start()
 	if err != nil {
-		t.Fatalf("starting kube-apiserver and etcd: %v", err)
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = te.Stop() })
+	cfg := s.Config
 	scheme, err := controller.NewScheme()
 	if err != nil {
 		t.Fatal(err)

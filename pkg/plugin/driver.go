@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -465,7 +466,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	defer done(&finalErr)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	var mu sync.Mutex
-	parallel(len(claims), func(i int) {
+	parallel(ctx, len(claims), func(i int) {
 		c := claims[i]
 		start := time.Now()
 		devices, err := d.preparer.Prepare(ctx, c)
@@ -490,7 +491,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	defer done(&finalErr)
 	out := make(map[types.UID]error, len(claims))
 	var mu sync.Mutex
-	parallel(len(claims), func(i int) {
+	parallel(ctx, len(claims), func(i int) {
 		c := claims[i]
 		err := d.preparer.Unprepare(ctx, c.NamespacedName, c.UID)
 		if err != nil {
@@ -518,20 +519,11 @@ func (d *Driver) shared(ctx context.Context) (func(*error), error) {
 	}, nil
 }
 
-func parallel(n int, f func(int)) {
-	if n == 1 {
-		f(0)
-		return
-	}
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(i)
-		}()
-	}
-	wg.Wait()
+// parallel runs f for each of n claims of one kubelet call, all at once. It
+// runs every claim even when ctx ends meanwhile: each claim gets a result
+// (the preparer sees ctx and fails the claims it cannot finish).
+func parallel(ctx context.Context, n int, f func(int)) {
+	workqueue.ParallelizeUntil(context.WithoutCancel(ctx), n, n, f)
 }
 
 // HandleError implements kubeletplugin.DRAPlugin.

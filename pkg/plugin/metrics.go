@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/prepare"
 )
 
 // Metric names the plugin exports (docs/observability.md; the Grafana
@@ -114,30 +114,13 @@ func claimKind(claim *resourceapi.ResourceClaim) string {
 	return kind
 }
 
-// errorReason puts a prepare error in a bounded set of reasons.
-func errorReason(err error) string {
-	msg := err.Error()
-	switch {
-	case strings.Contains(msg, "oversubscribed"), strings.Contains(msg, "already prepared"), strings.Contains(msg, "time-sliced"),
-		strings.Contains(msg, "carries a share"), strings.Contains(msg, "interval conflict"), strings.Contains(msg, "lost its checkpoint"):
-		return "conflict"
-	case strings.Contains(msg, "MIG"):
-		return "mig"
-	case strings.Contains(msg, "nforcement"):
-		return "enforcement"
-	case strings.Contains(msg, "GpuConfig"), strings.Contains(msg, "config"):
-		return "config"
-	}
-	return "other"
-}
-
 func (m *metrics) observePrepare(claim *resourceapi.ResourceClaim, took time.Duration, err error) {
 	if m == nil {
 		return
 	}
 	m.prepareDuration.WithLabelValues(claimKind(claim)).Observe(took.Seconds())
 	if err != nil {
-		m.prepareErrors.WithLabelValues(errorReason(err)).Inc()
+		m.prepareErrors.WithLabelValues(string(prepare.ReasonOf(err))).Inc()
 	}
 }
 

@@ -78,19 +78,17 @@ func (w *statusWriter) Clear(_ context.Context, claim types.NamespacedName, uid 
 }
 
 // Run processes updates with the given number of workers until ctx ends.
+// When ctx ends the queue shuts down; Run returns once the workers have
+// handled every item still queued.
 func (w *statusWriter) Run(ctx context.Context, workers int) {
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for w.next(ctx) {
-			}
-		}()
-	}
-	<-ctx.Done()
-	w.queue.ShutDown()
-	wg.Wait()
+	go func() {
+		<-ctx.Done()
+		w.queue.ShutDown()
+	}()
+	workqueue.ParallelizeUntil(context.WithoutCancel(ctx), workers, workers, func(int) {
+		for w.next(ctx) {
+		}
+	})
 }
 
 func (w *statusWriter) next(ctx context.Context) bool {

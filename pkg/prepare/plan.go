@@ -112,7 +112,7 @@ func ConfigFor(claim *resourceapi.ResourceClaim, driver string, result resourcea
 				err = field.Forbidden(field.NewPath("computeDefault"), "only a DeviceClass's configuration may set the compute default; remove it from the claim (request capacity.requests.cores to choose a compute limit)")
 			}
 			if err != nil {
-				return nil, fmt.Errorf("%s (%s %s): %w", where, v1alpha1.GroupVersion, v1alpha1.GpuConfigKind, err)
+				return nil, withReason(ReasonConfig, fmt.Errorf("%s (%s %s): %w", where, v1alpha1.GroupVersion, v1alpha1.GpuConfigKind, err))
 			}
 			switch {
 			case c.Source == resourceapi.AllocationConfigSourceClass:
@@ -131,7 +131,10 @@ func ConfigFor(claim *resourceapi.ResourceClaim, driver string, result resourcea
 		}
 	}
 	merged.Normalize()
-	return merged, merged.Validate()
+	if err := merged.Validate(); err != nil {
+		return merged, withReason(ReasonConfig, err)
+	}
+	return merged, nil
 }
 
 // shareKey names this allocation of a claim (its devices and share IDs),
@@ -188,7 +191,7 @@ func (p *Preparer) newPlan(claim *resourceapi.ResourceClaim, results []resourcea
 	// Validate the enforcement plan now, before anything changes; MIG
 	// UUIDs are not known yet and do not matter for validation.
 	if _, err := enforce.Plan(p.enforceClaim(pl), p.allocations(pl), p.opts.Enforce, p.accountingDir(uid)); err != nil {
-		return nil, err
+		return nil, withReason(ReasonEnforcement, err)
 	}
 	return pl, nil
 }
@@ -244,7 +247,7 @@ func (p *Preparer) resolve(claim *resourceapi.ResourceClaim, inv *inventory.Inve
 		d.interval = cfg.TimeSliceInterval
 	case devicemodel.TypeMIG:
 		if admin && p.opts.MIGMode == devicemodel.MIGDynamic {
-			return d, fmt.Errorf("admin access to dynamically created MIG devices is not supported")
+			return d, withReason(ReasonMIG, fmt.Errorf("admin access to dynamically created MIG devices is not supported"))
 		}
 		var prof *inventory.MIGProfile
 		for i := range d.gpu.MIGProfiles {
@@ -253,11 +256,11 @@ func (p *Preparer) resolve(claim *resourceapi.ResourceClaim, inv *inventory.Inve
 			}
 		}
 		if prof == nil {
-			return d, fmt.Errorf("GPU %d has no MIG profile %s", name.Index, name.ProfileToken)
+			return d, withReason(ReasonMIG, fmt.Errorf("GPU %d has no MIG profile %s", name.Index, name.ProfileToken))
 		}
 		t, err := mig.Template(d.gpu, *prof, name.Start)
 		if err != nil {
-			return d, err
+			return d, withReason(ReasonMIG, err)
 		}
 		t.Created = p.opts.MIGMode == devicemodel.MIGDynamic
 		d.mig = &t

@@ -251,7 +251,7 @@ func (p *Preparer) prepareLocked(ctx context.Context, claim *resourceapi.Resourc
 		return nil, err
 	}
 	if err := p.reserve(ctx, pl); err != nil {
-		return nil, err
+		return nil, withReason(ReasonConflict, err)
 	}
 	if err := p.apply(ctx, pl, repair); err != nil {
 		if uerr := p.undo(ctx, pl.record, false); uerr != nil {
@@ -462,7 +462,7 @@ func (p *Preparer) apply(ctx context.Context, pl *plan, repair bool) error {
 		}
 		inst, err := p.findMIG(ctx, rec, i, *d.mig, repair)
 		if err != nil {
-			return err
+			return withReason(ReasonMIG, err)
 		}
 		if inst == nil {
 			// To be created: the record carries the intent (profile and
@@ -492,7 +492,7 @@ func (p *Preparer) apply(ctx context.Context, pl *plan, repair bool) error {
 	for _, i := range create {
 		inst, err := p.opts.MIG.Create(ctx, *pl.devices[i].mig, nil)
 		if err != nil {
-			return err
+			return withReason(ReasonMIG, err)
 		}
 		p.useMIG(pl, i, inst)
 		p.crash(CrashPrepareMIGCreated)
@@ -608,7 +608,7 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 	rec := pl.record
 	res, err := enforce.Plan(p.enforceClaim(pl), p.allocations(pl), p.opts.Enforce, p.accountingDir(rec.UID))
 	if err != nil {
-		return nil, err
+		return nil, withReason(ReasonEnforcement, err)
 	}
 	for i := range rec.Devices {
 		for _, v := range res.Visible {

@@ -6,12 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"go.etcd.io/etcd/client/pkg/v3/fileutil"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/atomicfile"
@@ -45,18 +46,43 @@ import (
 const generationFile = ".generation"
 
 // Exclusive takes the lock shared with the other plugin process, for work
-// outside kubelet calls. It returns a no-op when no lock is configured.
-// It must not be called while the calling process already holds the lock
-// (inside a kubelet call): open-file-description locks do not nest.
+// outside kubelet calls, waiting while another holder has it. It returns a
+// no-op when no lock is configured. The lock is the kind the plugin library
+// takes on serialize.lock around kubelet calls: a whole-file write lock on
+// the open file description (fcntl F_OFD_SETLKW). A flock(2) lock would not
+// exclude it: Linux keeps the two kinds apart. It must not be called while
+// the calling process already holds the lock (inside a kubelet call): open
+// file description locks do not nest.
 func (p *Preparer) Exclusive() (release func(), err error) {
 	if p.opts.SharedLock == "" {
 		return func() {}, nil
 	}
-	f, err := fileutil.LockFile(p.opts.SharedLock, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := lockFile(p.opts.SharedLock)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", p.opts.SharedLock, err)
 	}
 	return func() { _ = f.Close() }, nil
+}
+
+// lockFile opens path (creating it) and waits for a write lock on the whole
+// file, held until the file is closed.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	lock := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	for {
+		err = unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLKW, &lock)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // SyncShared reloads the records from the checkpoint directory when the

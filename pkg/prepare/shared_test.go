@@ -1,9 +1,13 @@
 package prepare
 
 import (
+	"io"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -86,5 +90,59 @@ func (e *env) call(p *Preparer, what string, f func(*Preparer) error) {
 	}
 	if err := p.PublishShared(); err != nil {
 		e.t.Fatal(err)
+	}
+}
+
+// TestExclusiveExcludesTheLibraryLock checks that the lock Exclusive takes
+// is the kind the plugin library takes on serialize.lock (an open file
+// description write lock): another open file description sees it as a
+// conflicting write lock, a second Exclusive waits for the first release,
+// and nothing is held afterwards.
+func TestExclusiveExcludesTheLibraryLock(t *testing.T) {
+	e := newEnv(t, withSharedLock())
+	path := e.opts.SharedLock
+	held := func() int16 {
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		probe := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+		if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &probe); err != nil {
+			t.Fatal(err)
+		}
+		return probe.Type
+	}
+	release, err := e.p.Exclusive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := held(); got != unix.F_WRLCK {
+		t.Fatalf("lock type seen by another open file description = %d, want F_WRLCK", got)
+	}
+	second := make(chan func())
+	go func() {
+		r, err := e.p.Exclusive()
+		if err != nil {
+			t.Error(err)
+			r = func() {}
+		}
+		second <- r
+	}()
+	select {
+	case r := <-second:
+		r()
+		t.Fatal("a second Exclusive did not wait for the first release")
+	case <-time.After(200 * time.Millisecond):
+	}
+	release()
+	select {
+	case r := <-second:
+		r()
+	case <-time.After(10 * time.Second):
+		t.Fatal("a second Exclusive still waits after the first release")
+	}
+	if got := held(); got != unix.F_UNLCK {
+		t.Fatalf("lock type after release = %d, want F_UNLCK", got)
 	}
 }

@@ -2,21 +2,14 @@ package helm
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tessera-dev/tessera/test/apiserver"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -29,7 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// apiServer is a private etcd + kube-apiserver on free loopback ports: no
+// apiServer is a private etcd + kube-apiserver (test/apiserver): no
 // kubelet, scheduler or controllers, so objects are stored and admitted but
 // nothing runs. Enough to check that every object the chart renders is
 // accepted by a 1.37 API server (CEL in the admission policy and device
@@ -57,17 +50,6 @@ func (s *apiServer) installChart(t *testing.T, extra ...string) []string {
 	return install
 }
 
-// upstreamBinary finds a binary the local-cluster harness built
-// (<cache>/bin/<component>-<version>/<name>), newest version first.
-func upstreamBinary(component, name string) string {
-	m, _ := filepath.Glob(filepath.Join(CacheDir(), "bin", component+"-v*", name))
-	sort.Sort(sort.Reverse(sort.StringSlice(m)))
-	if len(m) == 0 {
-		return ""
-	}
-	return m[0]
-}
-
 func freePort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -76,31 +58,6 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-func startProcess(t *testing.T, dir, name, bin string, args ...string) {
-	t.Helper()
-	logf, err := os.Create(filepath.Join(dir, name+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			if len(b) > 4000 {
-				b = b[len(b)-4000:]
-			}
-			t.Logf("%s log (tail):\n%s", name, b)
-		}
-	})
 }
 
 // chartAPIServer starts etcd and kube-apiserver for a test that installs
@@ -124,88 +81,17 @@ func chartAPIServer(t *testing.T) (*apiServer, context.Context, kubernetes.Inter
 
 func startAPIServer(t *testing.T) *apiServer {
 	t.Helper()
-	apiserverBin := upstreamBinary("kubernetes", "kube-apiserver")
-	etcdBin := upstreamBinary("etcd", "etcd")
-	if apiserverBin == "" || etcdBin == "" {
-		t.Skipf("SKIP: no kube-apiserver/etcd built under %s/bin (run `make cluster-build`); the chart is not installed into an API server", CacheDir())
+	s, err := apiserver.Start(t, apiserver.Options{Flags: map[string]string{
+		"endpoint-reconciler-type":     "none",
+		"enable-priority-and-fairness": "false",
+	}})
+	if errors.Is(err, apiserver.ErrNoBinaries) {
+		t.Skipf("SKIP: %v; the chart is not installed into an API server", err)
 	}
-	dir := t.TempDir()
-	clientPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
-	startProcess(t, dir, "etcd", etcdBin,
-		"--name=helm-test",
-		"--data-dir="+filepath.Join(dir, "etcd"),
-		fmt.Sprintf("--listen-client-urls=http://127.0.0.1:%d", clientPort),
-		fmt.Sprintf("--advertise-client-urls=http://127.0.0.1:%d", clientPort),
-		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", peerPort),
-		fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", peerPort),
-		fmt.Sprintf("--initial-cluster=helm-test=http://127.0.0.1:%d", peerPort),
-		"--listen-metrics-urls=",
-		"--log-level=warn")
-
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	keyFile, pubFile := filepath.Join(dir, "sa.key"), filepath.Join(dir, "sa.pub")
-	writeFile(t, keyFile, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}))
-	writeFile(t, pubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}))
-	token := "helm-test-admin-token"
-	writeFile(t, filepath.Join(dir, "tokens.csv"), []byte(token+",admin,admin,system:masters\n"))
-
-	startProcess(t, dir, "kube-apiserver", apiserverBin,
-		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", clientPort),
-		fmt.Sprintf("--secure-port=%d", apiPort),
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
-		"--endpoint-reconciler-type=none",
-		"--cert-dir="+filepath.Join(dir, "certs"),
-		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
-		"--authorization-mode=RBAC",
-		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+pubFile,
-		"--service-account-signing-key-file="+keyFile,
-		"--service-cluster-ip-range=10.0.0.0/24",
-		"--enable-priority-and-fairness=false",
-		"--allow-privileged=true",
-		"--v=1")
-
-	host := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	writeFile(t, kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {server: %q, insecure-skip-tls-verify: true}
-users:
-- name: admin
-  user: {token: %q}
-contexts:
-- name: c
-  context: {cluster: c, user: admin}
-current-context: c
-`, host, token)))
-	cfg := &rest.Config{Host: host, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
-
-	// Ready: /readyz answers ok (the RBAC bootstrap and CRD machinery are up).
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		req, _ := http.NewRequest("GET", host+"/readyz", nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := hc.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kube-apiserver not ready after 90s: %v", err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	return &apiServer{kubeconfig: kubeconfig, config: cfg}
+	return &apiServer{kubeconfig: s.Kubeconfig, config: s.Config}
 }
 
 // notesExample decodes the ResourceClaimTemplate and Pod of the heredoc in
@@ -236,13 +122,6 @@ func notesExample(t *testing.T, notes string) (*resourceapi.ResourceClaimTemplat
 		t.Fatalf("NOTES pod: %v\n%s", err, docs[1])
 	}
 	return tmpl, pod
-}
-
-func writeFile(t *testing.T, p string, b []byte) {
-	t.Helper()
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // impersonate returns a client acting as a service account of a pod on node.

@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/tessera-dev/tessera/test/cachedir"
 )
 
 // Version is the helm release used everywhere in this repository. Keep it
@@ -57,20 +59,7 @@ func LocalClusterInstallArgs(repoRoot, kubeconfig, mockDeviceRoot, profile strin
 
 // CacheDir is ${TESSERA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera},
 // the same cache the local-cluster harness uses.
-func CacheDir() string {
-	if d := os.Getenv("TESSERA_CACHE_DIR"); d != "" {
-		return d
-	}
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		home, err := os.UserHomeDir()
-		if err != nil || home == "" {
-			home = "/root"
-		}
-		base = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(base, "tessera")
-}
+func CacheDir() string { return cachedir.Dir() }
 
 // BinaryPath is where the pinned helm is cached.
 func BinaryPath() string {

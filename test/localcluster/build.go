@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tessera-dev/tessera/test/cachedir"
 )
 
 // Binaries are the absolute paths of every program the local cluster runs.
@@ -38,20 +40,7 @@ type Binaries struct {
 
 // CacheDir is where built binaries and the throwaway build modules live:
 // ${XDG_CACHE_HOME:-$HOME/.cache}/tessera. TESSERA_CACHE_DIR overrides it.
-func CacheDir() string {
-	if d := os.Getenv("TESSERA_CACHE_DIR"); d != "" {
-		return d
-	}
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		home, err := os.UserHomeDir()
-		if err != nil || home == "" {
-			home = "/root"
-		}
-		base = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(base, "tessera")
-}
+func CacheDir() string { return cachedir.Dir() }
 
 // binDir is the cache directory of one component at one version.
 func binDir(component, version string) string {

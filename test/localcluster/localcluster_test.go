@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // readTar returns the regular files and symlinks of a tar stream.
@@ -138,9 +140,18 @@ func TestKubeletLogShowsConnectedOnlyAfterOffset(t *testing.T) {
 	}
 }
 
-func TestUnescapeMount(t *testing.T) {
-	if got := unescapeMount(`/var/lib/kubelet/pods/a\040b`); got != "/var/lib/kubelet/pods/a b" {
-		t.Errorf("got %q", got)
+func TestUnderAnyKeepsMountsBelowTheRoots(t *testing.T) {
+	keep := underAny([]string{KubeletRootDir, "/run/containerd"})
+	for point, want := range map[string]bool{
+		KubeletRootDir:                      true,
+		"/var/lib/kubelet/pods/a b/volumes": true,
+		"/run/containerd/io.containerd.x":   true,
+		"/var/lib/kubelet2":                 false,
+		"/run":                              false,
+	} {
+		if skip, _ := keep(&mountinfo.Info{Mountpoint: point}); skip == want {
+			t.Errorf("%s: kept=%v, want %v", point, !skip, want)
+		}
 	}
 	if !under("/var/lib/kubelet/pods", KubeletRootDir) || under("/var/lib/kubelet2", KubeletRootDir) {
 		t.Error("under() is not a path-prefix test")

@@ -1,7 +1,6 @@
 package localcluster
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -220,11 +220,18 @@ func (c *Cluster) deleteTasks(ctx context.Context) {
 
 // cgroupMounts lists the mount points of the cgroup hierarchies (v1 and v2).
 func cgroupMounts() []string {
-	var out []string
-	for _, m := range mounts() {
-		if m.fstype == "cgroup" || m.fstype == "cgroup2" {
-			out = append(out, m.point)
-		}
+	return mountPoints(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+}
+
+// mountPoints lists the mount points of /proc/self/mountinfo that filter keeps.
+func mountPoints(filter mountinfo.FilterFunc) []string {
+	infos, err := mountinfo.GetMounts(filter)
+	if err != nil {
+		return nil
+	}
+	out := make([]string, 0, len(infos))
+	for _, m := range infos {
+		out = append(out, m.Mountpoint)
 	}
 	return out
 }
@@ -300,53 +307,6 @@ func (c *Cluster) killShims() error {
 	return errors.Join(errs...)
 }
 
-type mount struct{ point, fstype string }
-
-// mounts parses /proc/self/mountinfo.
-func mounts() []mount {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []mount
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 {
-			continue
-		}
-		sep := 6
-		for sep < len(fields) && fields[sep] != "-" {
-			sep++
-		}
-		if sep+1 >= len(fields) {
-			continue
-		}
-		out = append(out, mount{point: unescapeMount(fields[4]), fstype: fields[sep+1]})
-	}
-	return out
-}
-
-// unescapeMount decodes the octal escapes (\040 for space) of mountinfo.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var sb strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				sb.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		sb.WriteByte(s[i])
-	}
-	return sb.String()
-}
-
 func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
 
 // ownMountRoots are the trees whose mounts belong to the cluster.
@@ -354,19 +314,27 @@ func (c *Cluster) ownMountRoots() []string {
 	return []string{KubeletRootDir, c.Dirs.Root, "/run/containerd"}
 }
 
+// underAny keeps the mounts at or below any of roots.
+func underAny(roots []string) mountinfo.FilterFunc {
+	filters := make([]mountinfo.FilterFunc, len(roots))
+	for i, r := range roots {
+		filters[i] = mountinfo.PrefixFilter(r)
+	}
+	return func(m *mountinfo.Info) (skip, stop bool) {
+		for _, f := range filters {
+			if skip, _ := f(m); !skip {
+				return false, false
+			}
+		}
+		return true, false
+	}
+}
+
 // unmountAll unmounts everything under the cluster's trees, deepest first.
 func (c *Cluster) unmountAll() error {
 	var left []string
 	for round := 0; round < 5; round++ {
-		left = nil
-		for _, m := range mounts() {
-			for _, r := range c.ownMountRoots() {
-				if under(m.point, r) {
-					left = append(left, m.point)
-					break
-				}
-			}
-		}
+		left = mountPoints(underAny(c.ownMountRoots()))
 		if len(left) == 0 {
 			return nil
 		}
