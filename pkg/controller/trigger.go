@@ -18,17 +18,16 @@ import (
 
 // Triggers: why a cycle ran (the trigger label of MetricCyclesTotal).
 const (
-	TriggerPod        = "pod"        // a gated pod created or changed; a queued pod ended, was deleted or bound
-	TriggerClaim      = "claim"      // a claim created, deleted, or its allocation changed
-	TriggerQueue      = "queue"      // a Queue created, deleted, or its spec or labels changed
-	TriggerSlice      = "slice"      // a ResourceSlice created, deleted or changed
-	TriggerClass      = "class"      // a DeviceClass created, deleted or changed
-	TriggerNode       = "node"       // a node created, deleted, or its labels, taints, cordon or readiness changed
-	TriggerNamespace  = "namespace"  // a namespace's labels changed
-	TriggerStalePin   = "stale-pin"  // a pinned pod's PodScheduled condition changed
-	TriggerResync     = "resync"     // --resync-period passed with pods gated
-	TriggerRetry      = "retry"      // reasons left to write, or the last cycle failed
-	TriggerAccounting = "accounting" // nothing gated: queue status refreshed (at most once per --resync-period)
+	TriggerPod       = "pod"       // a gated pod created or changed; a queued pod ended, was deleted or bound
+	TriggerClaim     = "claim"     // a claim created, deleted, or its allocation changed
+	TriggerQueue     = "queue"     // a Queue created, deleted, or its spec or labels changed
+	TriggerSlice     = "slice"     // a ResourceSlice created, deleted or changed
+	TriggerClass     = "class"     // a DeviceClass created, deleted or changed
+	TriggerNode      = "node"      // a node created, deleted, or its labels, taints, cordon or readiness changed
+	TriggerNamespace = "namespace" // a namespace's labels changed
+	TriggerStalePin  = "stale-pin" // a pinned pod's PodScheduled condition changed
+	TriggerResync    = "resync"    // --resync-period passed with pods gated
+	TriggerRetry     = "retry"     // reasons left to write, or the last cycle failed
 )
 
 // Why a cycle was skipped (the reason label of MetricCyclesSkippedTotal).

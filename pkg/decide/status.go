@@ -1,0 +1,65 @@
+package decide
+
+import (
+	"context"
+	"time"
+
+	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/demand"
+	"github.com/tessera-dev/tessera/pkg/queue"
+)
+
+// QueueStatuses is the outcome of a status refresh (Engine.Status).
+type QueueStatuses struct {
+	// Queues is the status of every queue, by name, as Decision.Queues.
+	Queues   map[string]*v1alpha1.QueueStatus
+	Duration time.Duration
+}
+
+// Status recomputes every queue's status from snap without deciding: what
+// admitted workloads hold (allocated claims at their allocation, claims
+// admitted but not yet allocated at the engine's reservation or, without
+// one, their estimate), the memory they use, the admitted and pending
+// counts, pending demand and fair shares. It places nothing (no node is
+// simulated, no allocator runs), admits and evicts nothing, and leaves the
+// engine's reservations and caches as they are, so it costs a walk over
+// the pods and claims. The controller runs it instead of a cycle when no
+// pod is gated: with nothing pending, Decide would charge the same.
+func (e *Engine) Status(ctx context.Context, snap *Snapshot) (*QueueStatuses, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	start := time.Now()
+	cat := e.catalog
+	if cat == nil || !sameObjects(snap.Slices, e.slices) || !sameObjects(snap.Classes, e.classes) {
+		// Not kept: Decide judges its caches by what it derived them from.
+		cat = demand.NewCatalog(snap.Slices, snap.Classes, e.cel)
+	}
+	c := e.newCycle(ctx, snap, cat, nil)
+	workloads := append(groupWorkloads(snap.Pods, c.tree), c.adopt()...)
+	var pending []*Workload
+	for _, w := range workloads {
+		if w.Admitted {
+			c.admitted = append(c.admitted, w)
+		} else {
+			pending = append(pending, w)
+		}
+	}
+	if err := c.chargeAdmitted(); err != nil {
+		return nil, err
+	}
+	for _, w := range pending {
+		if w.problem != "" || w.leaf == nil {
+			continue // invalid: counted nowhere, as in Decide
+		}
+		c.countPending(w)
+		if w.wait != "" {
+			continue
+		}
+		if d, v := c.resolveDemand(w); v == nil {
+			queue.AddPending(w.leaf, d)
+		}
+	}
+	c.tree.ComputeFairShare(c.cat.Capacity())
+	c.queueStatus()
+	return &QueueStatuses{Queues: c.dec.Queues, Duration: time.Since(start)}, nil
+}
