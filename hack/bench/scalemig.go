@@ -1,0 +1,32 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tessera-dev/tessera/test/scale"
+)
+
+// migRatios are the Ratios rows of the dynamic-MIG workload against its
+// share baseline (test/scale/mig.go): time until all bound, pods bound per
+// second and the scheduler's CPU per pod, each MIG ÷ shares; none when the
+// run has not both.
+func migRatios(rep *scale.Report) []string {
+	m, s := rep.Find(scale.MIGName), rep.Find(scale.MIGSharesName)
+	if m == nil || s == nil {
+		return nil
+	}
+	what := fmt.Sprintf("(m) %d pods, a MIG %s each, nodes in dynamic MIG mode, vs %d share pods, both in queues", m.Pods, scale.MIGProfile, s.Pods)
+	rows := []string{fmt.Sprintf("| %s: time until all bound | **%.2fx** | %s vs %s |", what, m.AllBound.Seconds()/s.AllBound.Seconds(), secs(m.AllBound), secs(s.AllBound))}
+	rows = append(rows, fmt.Sprintf("| (m) vs its share baseline: pods bound/s | %.2fx | %.1f vs %.1f pods/s |", m.Rate()/s.Rate(), m.Rate(), s.Rate()))
+	if mc, sc := m.CPUPerPod("scheduler"), s.CPUPerPod("scheduler"); sc > 0 {
+		rows = append(rows, fmt.Sprintf("| (m) vs its share baseline: kube-scheduler CPU per pod | %.2fx | %.2f ms vs %.2f ms |", float64(mc)/float64(sc), ms(mc), ms(sc)))
+	}
+	if mc, sc := m.CPUPerPod("controller"), s.CPUPerPod("controller"); sc > 0 {
+		rows = append(rows, fmt.Sprintf("| (m) vs its share baseline: Tessera controller CPU per pod | %.2fx | %.2f ms vs %.2f ms |", float64(mc)/float64(sc), ms(mc), ms(sc)))
+	}
+	return rows
+}
+
+// ms is d in milliseconds, two decimals.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
