@@ -30,3 +30,12 @@ func migRatios(rep *scale.Report) []string {
 
 // ms is d in milliseconds, two decimals.
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// migSetup is the setup paragraph's sentence on the dynamic-MIG workload;
+// "" when the run has none.
+func migSetup(cfg scale.Config) string {
+	if cfg.MIGPods == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Workload (m) republishes every node's slices as the plugin builds them with its GPUs in dynamic MIG mode (`--mock-mig=all --mig-mode=dynamic`: every MIG profile x placement, about 200 devices with shared counters per 8 x H100 node), creates %d pods that each ask one `%s` partition through DeviceClass `mig.tessera.dev`, spread over the share queues, and restores the ordinary slices afterwards (republishing is not timed); its baseline is %d share pods in the same queues, measured right before on the ordinary slices. ", cfg.MIGPods, scale.MIGProfile, cfg.MIGPods)
+}

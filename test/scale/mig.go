@@ -66,6 +66,8 @@ func migClaimTemplate() *resourceapi.ResourceClaimTemplate {
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
 				DeviceClassName: migClass,
+				AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
+				Count:           1,
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 					Expression: fmt.Sprintf("device.attributes[%q].migProfile == %q", devicemodel.DriverName, MIGProfile),
 				}}},
