@@ -2,14 +2,18 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -124,16 +128,42 @@ func TestStatusRefreshWithoutCycles(t *testing.T) {
 		h.Update(ctx, event.UpdateEvent{ObjectOld: oldCl, ObjectNew: &cl}, q)
 	}
 
+	// The kubelet plugin, played: a usage sample in the claim's status.
+	sample := func(name string, used uint64) {
+		t.Helper()
+		var cl resourceapi.ResourceClaim
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &cl); err != nil {
+			t.Fatal(err)
+		}
+		old := cl.DeepCopy()
+		raw, err := json.Marshal(v1alpha1.DeviceStatus{UUID: "GPU-x", Usage: &v1alpha1.DeviceUsage{MemoryUsedBytes: used, Processes: 1, SampledAt: metav1.Now()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := cl.Status.Allocation.Devices.Results[0]
+		st := resourceapi.AllocatedDeviceStatus{Driver: r.Driver, Pool: r.Pool, Device: r.Device, Data: &runtime.RawExtension{Raw: raw}}
+		if r.ShareID != nil {
+			st.ShareID = ptr.To(string(*r.ShareID))
+		}
+		cl.Status.Devices = []resourceapi.AllocatedDeviceStatus{st}
+		if err := c.Status().Update(ctx, &cl); err != nil {
+			t.Fatal(err)
+		}
+		h.Update(ctx, event.UpdateEvent{ObjectOld: old, ObjectNew: &cl}, q)
+	}
+
 	for i, step := range []struct {
 		name     string
 		do       func()
 		memory   string // team's status.allocated gpu memory after it
 		admitted int32
+		used     string // team's status.used gpu memory ("": none)
 	}{
-		{"two pods start", func() { start("a", "12Gi"); start("b", "8Gi") }, "20Gi", 2},
-		{"one ends", func() { end("a") }, "8Gi", 1},
-		{"another starts", func() { start("c", "16Gi") }, "24Gi", 2},
-		{"both end", func() { end("b"); end("c") }, "0", 0},
+		{"two pods start", func() { start("a", "12Gi"); start("b", "8Gi") }, "20Gi", 2, ""},
+		{"one ends", func() { end("a") }, "8Gi", 1, ""},
+		{"another starts", func() { start("c", "16Gi") }, "24Gi", 2, ""},
+		{"a usage sample", func() { sample("c", 3<<30) }, "24Gi", 2, "3Gi"},
+		{"both end", func() { end("b"); end("c") }, "0", 0, ""},
 	} {
 		step.do()
 		if q.Len() == 0 {
@@ -159,13 +189,20 @@ func TestStatusRefreshWithoutCycles(t *testing.T) {
 		if mem.String() != step.memory || got.Status.AdmittedWorkloads != step.admitted {
 			t.Errorf("%s: queue status allocated %s, %d admitted; want %s, %d", step.name, mem.String(), got.Status.AdmittedWorkloads, step.memory, step.admitted)
 		}
+		used := ""
+		if u, ok := got.Status.Used[v1alpha1.ResourceGPUMemory]; ok {
+			used = u.String()
+		}
+		if used != step.used {
+			t.Errorf("%s: queue status used %q, want %q", step.name, used, step.used)
+		}
 	}
 	// Nothing changed since: a wake-up refreshes nothing.
 	if _, err := a.Reconcile(ctx, CycleRequest); err != nil {
 		t.Fatal(err)
 	}
-	if n := histogramCount(t, reg, MetricStatusRefreshSeconds); n != 4 {
-		t.Errorf("a wake-up without changes refreshed status: %d refreshes, want 4", n)
+	if n := histogramCount(t, reg, MetricStatusRefreshSeconds); n != 5 {
+		t.Errorf("a wake-up without changes refreshed status: %d refreshes, want 5", n)
 	}
 	// A gated pod still gets its decision cycle, and is admitted.
 	g := decidetest.Pod("default", "gated", decidetest.PodOptions{Queue: "team", Gated: true, Templates: nil})
