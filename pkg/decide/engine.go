@@ -277,18 +277,10 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 		s.Slices = patched
 		snap = &s
 	}
-	if !sameObjects(snap.Classes, e.classes) {
-		e.catalog, e.places = nil, nil
-	} else if !sameObjects(snap.Slices, e.slices) {
-		e.catalog = nil
-	}
-	if e.catalog == nil {
-		e.catalog = demand.NewCatalog(snap.Slices, snap.Classes, e.cel)
-	}
+	e.keepCatalog(snap)
 	if e.places == nil || e.places.full() {
 		e.places = newPlaceCache()
 	}
-	e.slices, e.classes = snap.Slices, snap.Classes
 	c := e.newCycle(ctx, snap, e.catalog, newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement, e.places))
 	// Everything the scheduler allocated, whoever it belongs to.
 	for _, cl := range snap.Claims {
@@ -338,6 +330,21 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	c.dec.Stats.CELEvaluations, c.dec.Stats.StrippedCalls = c.placer.celEvaluations, c.placer.strippedCalls
 	c.dec.Stats.Duration = time.Since(start)
 	return c.dec, nil
+}
+
+// keepCatalog rebuilds the catalog when snap's slices or classes are not
+// the objects it was built from (and drops the placement cache with the
+// classes), and remembers them. Called with e.mu held.
+func (e *Engine) keepCatalog(snap *Snapshot) {
+	if !sameObjects(snap.Classes, e.classes) {
+		e.catalog, e.places = nil, nil
+	} else if !sameObjects(snap.Slices, e.slices) {
+		e.catalog = nil
+	}
+	if e.catalog == nil {
+		e.catalog = demand.NewCatalog(snap.Slices, snap.Classes, e.cel)
+	}
+	e.slices, e.classes = snap.Slices, snap.Classes
 }
 
 // newCycle returns the working state of one cycle on snap; pl is nil for

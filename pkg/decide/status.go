@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/demand"
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
 
@@ -22,19 +21,18 @@ type QueueStatuses struct {
 // one, their estimate), the memory they use, the admitted and pending
 // counts, pending demand and fair shares. It places nothing (no node is
 // simulated, no allocator runs), admits and evicts nothing, and leaves the
-// engine's reservations and caches as they are, so it costs a walk over
-// the pods and claims. The controller runs it instead of a cycle when no
+// engine's reservations as they are; the catalog of devices it keeps
+// while the slices and classes are the same objects, so it costs a walk
+// over the pods and claims. The controller runs it instead of a cycle when no
 // pod is gated: with nothing pending, Decide would charge the same.
 func (e *Engine) Status(ctx context.Context, snap *Snapshot) (*QueueStatuses, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	start := time.Now()
-	cat := e.catalog
-	if cat == nil || !sameObjects(snap.Slices, e.slices) || !sameObjects(snap.Classes, e.classes) {
-		// Not kept: Decide judges its caches by what it derived them from.
-		cat = demand.NewCatalog(snap.Slices, snap.Classes, e.cel)
-	}
-	c := e.newCycle(ctx, snap, cat, nil)
+	// Kept for the next refresh or cycle, as Decide keeps it (the slices
+	// as listed: DeviceTaintRules change no charge).
+	e.keepCatalog(snap)
+	c := e.newCycle(ctx, snap, e.catalog, nil)
 	workloads := append(groupWorkloads(snap.Pods, c.tree), c.adopt()...)
 	var pending []*Workload
 	for _, w := range workloads {
