@@ -55,7 +55,7 @@ func TestShortFunc(t *testing.T) {
 
 func TestMIGRatios(t *testing.T) {
 	run := func(name string, pods int, bound time.Duration, schedCPU time.Duration) *scale.Result {
-		return &scale.Result{Name: name, Pods: pods, AllBound: bound, Usage: map[string]scale.Usage{"scheduler": {CPU: schedCPU}}}
+		return &scale.Result{Name: name, Pods: pods, AllBound: bound, Usage: map[string]scale.Usage{"kube-scheduler": {CPU: schedCPU}}}
 	}
 	for _, tc := range []struct {
 		name string

@@ -19,7 +19,7 @@ func migRatios(rep *scale.Report) []string {
 	what := fmt.Sprintf("(m) %d pods, a MIG %s each, nodes in dynamic MIG mode, vs %d share pods, both in queues", m.Pods, scale.MIGProfile, s.Pods)
 	rows := []string{fmt.Sprintf("| %s: time until all bound | **%.2fx** | %s vs %s |", what, m.AllBound.Seconds()/s.AllBound.Seconds(), secs(m.AllBound), secs(s.AllBound))}
 	rows = append(rows, fmt.Sprintf("| (m) vs its share baseline: pods bound/s | %.2fx | %.1f vs %.1f pods/s |", m.Rate()/s.Rate(), m.Rate(), s.Rate()))
-	if mc, sc := m.CPUPerPod("scheduler"), s.CPUPerPod("scheduler"); sc > 0 {
+	if mc, sc := m.CPUPerPod("kube-scheduler"), s.CPUPerPod("kube-scheduler"); sc > 0 {
 		rows = append(rows, fmt.Sprintf("| (m) vs its share baseline: kube-scheduler CPU per pod | %.2fx | %.2f ms vs %.2f ms |", float64(mc)/float64(sc), ms(mc), ms(sc)))
 	}
 	if mc, sc := m.CPUPerPod("controller"), s.CPUPerPod("controller"); sc > 0 {
