@@ -57,6 +57,7 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 	p("**Setup** ([test/scale](../test/scale)): %d fake nodes run by the kwok controller (`sigs.k8s.io/kwok` %s, built from the module proxy like the other cluster binaries; node heartbeats with leases, so kube-controller-manager's node lifecycle keeps them Ready). ", cfg.Nodes, localcluster.KwokVersion)
 	p("Each node publishes the ResourceSlices the kubelet plugin itself builds for mock profile `%s` (%d GPUs each; `plugin.NodeSlices`: discover → model → publish, seeded with the node's name). ", cfg.Profile, rep.GPUsPerNode)
 	p("Tessera's controller and webhooks run from the Helm chart with their default flags; the share pods go to %d queues under one parent, each with the quota its pods need, so that the run measures the path and not a quota. ", cfg.Queues)
+	p("%s", migSetup(cfg))
 	p("Nothing runs on a fake node (the kwok controller marks bound pods Running), so nothing is prepared: this measures the control plane. ")
 	p("kube-scheduler and kube-controller-manager run with `--kube-api-qps=5000 --kube-api-burst=10000` (what `kwokctl --disable-qps-limits` sets; their defaults, 50 and 20 QPS, would measure the defaults), the controller-manager with `--concurrent-resourceclaim-syncs=50`. ")
 	p("A pod counts as bound when the harness's watch sees `spec.nodeName` set; times run from the first create call (the harness creates %d pods in parallel). Cluster bring-up took %s, the nodes and slices %s.\n\n", cfg.Workers, rep.ClusterUp.Round(time.Second), rep.Setup.Round(time.Second))
@@ -75,6 +76,9 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 	ratio("(a) pinned by node name (the default) vs (a) again with `--pin-nodes=none`: the pin's effect", "shares", "shares-nopin")
 	ratio(fmt.Sprintf("(d) one gang of %d vs the same pods ungated at once", cfg.BigGang), "gang", "ungated")
 	ratio(fmt.Sprintf("(c) %d gangs of %d vs %d pods ungated at once", cfg.Gangs, cfg.GangSize, cfg.BigGang), "gangs", "ungated")
+	for _, row := range migRatios(rep) {
+		p("%s\n", row)
+	}
 
 	p("\n### Targets\n\n| target | measured | verdict |\n|---|---|---|\n")
 	if a, a2 := rep.Find("shares"), rep.Find("claims"); a != nil && a2 != nil {
@@ -86,7 +90,7 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		p("| Tessera's controller under 500 MiB resident during (a) (%d nodes, %d pods) | %s | %s |\n", cfg.Nodes, cfg.Pods, mib(peak), verdict(peak > 0 && peak < 500<<20))
 	}
 	if a2 := rep.Find("claims"); a2 != nil {
-		p("| no decision cycle in (a'), where no pod is gated | %.0f cycles | %s |\n", a2.Cycle["decide"].Count, verdict(a2.Cycle["decide"].Count == 0))
+		p("| no decision cycle in (a'), where no pod is gated | %.0f cycles (%.0f queue status refreshes) | %s |\n", a2.Cycle["decide"].Count, a2.StatusRefresh.Count, verdict(a2.Cycle["decide"].Count == 0))
 	}
 
 	p("\n### Absolute figures\n\n")
@@ -113,10 +117,10 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		}
 		p("| %s | %s |\n", r.Title, strings.Join(cells, " | "))
 	}
-	p("\nTessera's admission cycles during each workload (`tessera_admission_cycle_seconds`): count, p50 / p99 of deciding (the placement simulation included) and of applying (the API calls):\n\n| workload | cycles | decide p50 / p99 | apply p50 / p99 |\n|---|---:|---:|---:|\n")
+	p("\nTessera's admission (decision) cycles during each workload (`tessera_admission_cycle_seconds`): count, p50 / p99 of deciding (the placement simulation included) and of applying (the API calls); and its queue status refreshes with nothing gated, which decide and simulate nothing (`tessera_queue_status_refresh_seconds`):\n\n| workload | cycles | decide p50 / p99 | apply p50 / p99 | status refreshes | refresh p50 / p99 |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range rep.Runs {
-		d, a := r.Cycle["decide"], r.Cycle["apply"]
-		p("| %s | %.0f | %s / %s | %s / %s |\n", r.Title, d.Count, quant(d, 0.5), quant(d, 0.99), quant(a, 0.5), quant(a, 0.99))
+		d, a, s := r.Cycle["decide"], r.Cycle["apply"], r.StatusRefresh
+		p("| %s | %.0f | %s / %s | %s / %s | %.0f | %s / %s |\n", r.Title, d.Count, quant(d, 0.5), quant(d, 0.99), quant(a, 0.5), quant(a, 0.99), s.Count, quant(s, 0.5), quant(s, 0.99))
 	}
 	p("\nWrites per pod by client (`rest_client_requests_total` of each component, mutating verbs):\n\n| workload | Tessera controller | kube-scheduler | kube-controller-manager | API server, all clients |\n|---|---:|---:|---:|---:|\n")
 	for _, r := range rep.Runs {

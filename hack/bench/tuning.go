@@ -125,6 +125,7 @@ func ratioVs(r, base *scale.Result) string {
 	return fmt.Sprintf("**%.2fx**", r.AllBound.Seconds()/base.AllBound.Seconds())
 }
 
+// ms is d in milliseconds, two decimals, with the unit.
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
 
 // flagSet tells whether the flag name was given on the command line.

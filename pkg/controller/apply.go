@@ -141,7 +141,7 @@ func (a *Reconciler) apply(ctx context.Context, snap *decide.Snapshot, d *decide
 		}
 		a.Recorder.Eventf(j.p, nil, typ, j.v.Reason, "Queue", j.v.Message)
 	})
-	a.updateQueues(ctx, snap, d)
+	a.updateQueues(ctx, snap, d.Queues)
 	return more
 }
 
@@ -368,14 +368,15 @@ func (a *Reconciler) setConditions(ctx context.Context, p *corev1.Pod, now metav
 	}
 }
 
-// updateQueues writes the status of every queue that changed.
-func (a *Reconciler) updateQueues(ctx context.Context, snap *decide.Snapshot, d *decide.Decision) {
+// updateQueues writes the status of every queue that changed (statuses:
+// a cycle's or a status refresh's, by name).
+func (a *Reconciler) updateQueues(ctx context.Context, snap *decide.Snapshot, statuses map[string]*v1alpha1.QueueStatus) {
 	problems := decide.QueueProblems(snap.Queues)
 	owners := queue.Owners(snap.Queues)
 	queues := append([]*v1alpha1.Queue(nil), snap.Queues...)
 	sort.Slice(queues, func(i, j int) bool { return queues[i].Name < queues[j].Name })
 	for _, q := range queues {
-		st := d.Queues[q.Name]
+		st := statuses[q.Name]
 		if st == nil {
 			continue
 		}

@@ -28,6 +28,7 @@ const (
 	MetricInadmissibleWorkloads   = "tessera_controller_inadmissible_workloads"
 	MetricCyclesTotal             = "tessera_admission_cycles_total"
 	MetricCyclesSkippedTotal      = "tessera_admission_cycles_skipped_total"
+	MetricStatusRefreshSeconds    = "tessera_queue_status_refresh_seconds"
 	MetricStalePinsTotal          = "tessera_stale_pins_total"
 	MetricIdlePods                = "tessera_controller_idle_pods"
 	MetricIdleEvictionsTotal      = "tessera_controller_idle_evictions_total"
@@ -69,6 +70,9 @@ type Metrics struct {
 	cycles        *prometheus.CounterVec
 	skippedCycles *prometheus.CounterVec
 	stalePins     *prometheus.CounterVec
+	// statusRefresh times the queue status refreshes run instead of a
+	// cycle when nothing is gated (its count is how many ran).
+	statusRefreshes prometheus.Histogram
 	// idle counts the pods the last idle pass found idle, by queue (every
 	// queue with spec.idle, 0 included); idleEvictions the idle evictions
 	// tried, by queue and result (evicted, refused).
@@ -85,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		cycleDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    MetricCycleSeconds,
-			Help:    "Duration of admission cycles: decide (simulation included) and apply (API calls).",
+			Help:    "Duration of admission (decision) cycles: decide (simulation included) and apply (API calls). Queue status refreshes with nothing gated are not cycles: " + MetricStatusRefreshSeconds + ".",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"phase"}),
 		workloads: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -127,11 +131,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: MetricInadmissibleWorkloads, Help: "Workloads the last admission cycle found inadmissible as they are (bad labels, claims the scheduler's allocator refuses, selectors that fail), by reason; the other workloads are decided regardless.",
 		}, []string{reasonLabel}),
 		cycles: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricCyclesTotal, Help: "Admission cycles run, by trigger: the first change since the previous cycle that could admit a gated pod (pod, claim, queue, slice, class, node, namespace), stale-pin, resync, retry, or accounting (nothing gated: queue status refreshed).",
+			Name: MetricCyclesTotal, Help: "Admission cycles run, by trigger: the first change since the previous cycle that could admit a gated pod (pod, claim, queue, slice, class, node, namespace), stale-pin, resync, retry.",
 		}, []string{"trigger"}),
 		skippedCycles: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricCyclesSkippedTotal, Help: "Wake-ups of the admission controller that ran no cycle, by reason: nothing-gated, no-change.",
+			Name: MetricCyclesSkippedTotal, Help: "Wake-ups of the admission controller that ran no cycle, by reason: nothing-gated (a queue status refresh may have run), no-change.",
 		}, []string{reasonLabel}),
+		statusRefreshes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    MetricStatusRefreshSeconds,
+			Help:    "Duration of queue status refreshes run instead of an admission cycle when no pod is gated: what runs is charged, nothing is decided or simulated (queue status writes included).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
 		stalePins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricStalePinsTotal, Help: "Pinned pods evicted because their pin went stale, by reason: node-gone, unschedulable.",
 		}, []string{reasonLabel}),
@@ -146,7 +155,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.cycleDuration, m.workloads, m.admitted, m.evicted,
 			m.queuePending, m.queueAdmitted, m.queueWait, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueEvicted, m.queueUsed, m.inadmissible,
-			m.cycles, m.skippedCycles, m.stalePins, m.idle, m.idleEvictions)
+			m.cycles, m.skippedCycles, m.stalePins, m.statusRefreshes, m.idle, m.idleEvictions)
 	}
 	return m
 }
@@ -156,7 +165,7 @@ func MetricNames() []string {
 	return []string{MetricCycleSeconds, MetricWorkloads, MetricAdmittedTotal, MetricReclaimedTotal,
 		MetricQueuePendingWorkloads, MetricQueueAdmittedWorkloads, MetricQueueAdmissionWait, MetricQueueResourceUsage,
 		MetricQueueQuota, MetricQueueLimit, MetricQueueFairShare, MetricQueueEvictedWorkloads, MetricQueueMemoryUsedBytes,
-		MetricInadmissibleWorkloads, MetricCyclesTotal, MetricCyclesSkippedTotal, MetricStalePinsTotal,
+		MetricInadmissibleWorkloads, MetricCyclesTotal, MetricCyclesSkippedTotal, MetricStatusRefreshSeconds, MetricStalePinsTotal,
 		MetricIdlePods, MetricIdleEvictionsTotal}
 }
 
@@ -240,11 +249,27 @@ func (m *Metrics) observe(snap *decide.Snapshot, d *decide.Decision, apply time.
 	for _, e := range d.Evict {
 		m.queueEvicted.WithLabelValues(e.Workload.QueueName, evictionReasonReclaim).Inc()
 	}
+	m.queues(snap, d.Queues)
+}
+
+// statusRefresh records a queue status refresh and sets the queue gauges
+// from it.
+func (m *Metrics) statusRefresh(snap *decide.Snapshot, st *decide.QueueStatuses) {
+	if m == nil {
+		return
+	}
+	m.statusRefreshes.Observe(st.Duration.Seconds())
+	m.queues(snap, st.Queues)
+}
+
+// queues sets the per-queue gauges from statuses (by name) and the
+// snapshot's queue specs.
+func (m *Metrics) queues(snap *decide.Snapshot, statuses map[string]*v1alpha1.QueueStatus) {
 	// Gauges are set afresh: a deleted queue disappears.
 	for _, g := range []*prometheus.GaugeVec{m.queuePending, m.queueUsage, m.queueQuota, m.queueLimit, m.queueFairShare, m.queueUsed} {
 		g.Reset()
 	}
-	for name, st := range d.Queues {
+	for name, st := range statuses {
 		m.queuePending.WithLabelValues(name).Set(float64(st.PendingWorkloads))
 		setResources(m.queueUsage, name, st.Allocated)
 		setResources(m.queueFairShare, name, st.FairShare)

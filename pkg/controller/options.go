@@ -75,6 +75,7 @@ type Options struct {
 	ReplaceStalePins        bool
 	CycleInterval           time.Duration
 	ResyncPeriod            time.Duration
+	StatusInterval          time.Duration
 	KubeAPIQPS              float32
 	KubeAPIBurst            int
 	ApplyWorkers            int
@@ -150,7 +151,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.StalePinGrace, "stale-pin-grace", 2*time.Minute, "How long a pinned pod may stay unschedulable (PodScheduled=False, reason Unschedulable) before its pin counts as stale; a pin to a node that is gone is stale at once.")
 	fs.BoolVar(&o.ReplaceStalePins, "replace-stale-pins", true, "Delete a never-bound pod whose pin is stale, so that its owner recreates it and the replacement is queued again (a bare pod is deleted too: its event says to create it again); false only marks it (condition and event, reason StalePin).")
 	fs.DurationVar(&o.CycleInterval, "cycle-interval", 500*time.Millisecond, "Minimum time between admission cycles; changes in between are decided together.")
-	fs.DurationVar(&o.ResyncPeriod, "resync-period", 30*time.Second, "Run an admission cycle at least this often.")
+	fs.DurationVar(&o.ResyncPeriod, "resync-period", 30*time.Second, "Run an admission cycle at least this often while pods are gated.")
+	fs.DurationVar(&o.StatusInterval, "status-interval", 5*time.Second, "With no pod gated, refresh queue status (no admission cycle: what runs is charged, nothing is simulated) at most this often after what the queues hold changed; 0: on every change.")
 	fs.DurationVar(&o.UsageHalfLife, "usage-half-life", 24*time.Hour, "Half-life of the decayed usage history in Queue status.usage (time-based fair share divides by it); 0: no decay.")
 	fs.DurationVar(&o.UsageMaxGap, "usage-max-gap", 10*time.Minute, "When the usage history was not updated for longer (controller down, no leader), the last recorded rates are integrated over at most this much of the gap.")
 	fs.DurationVar(&o.UsageHistoryInterval, "usage-history-interval", time.Minute, "How often the leader integrates the queues' usage history into their status; 0: no history.")
@@ -238,6 +240,9 @@ func (o *Options) Validate() error {
 	}
 	if o.CycleInterval < 0 || o.ResyncPeriod <= 0 {
 		return fmt.Errorf("--cycle-interval must not be negative and --resync-period must be positive")
+	}
+	if o.StatusInterval < 0 {
+		return fmt.Errorf("--status-interval=%s must not be negative (0 refreshes queue status on every change)", o.StatusInterval)
 	}
 	if o.KubernetesVersion != "" {
 		if _, err := allocation.FeaturesFor(o.KubernetesVersion); err != nil {

@@ -45,10 +45,12 @@ type Reconciler struct {
 	classes map[types.UID]*resourceapi.DeviceClass
 	// triggers are the relevant changes since the last cycle (first: the
 	// one that came first); accounting says that a change may have moved
-	// what the queues hold while nothing was gated.
+	// what the queues hold while nothing was gated; lastStatus is when
+	// queue status was last computed (by a cycle or a status refresh).
 	triggers   map[string]bool
 	first      string
 	accounting bool
+	lastStatus time.Time
 }
 
 // reuse returns pointers to the items, and them by UID: the previous
@@ -88,9 +90,10 @@ var CycleRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: 
 // Reconcile runs one cycle when one can change anything: pods are gated
 // (or a recorded decision is left to finish) and something relevant
 // changed since the last cycle (a trigger: see Handler), or
-// --resync-period passed. With nothing gated it decides nothing: it only
+// --resync-period passed. With nothing gated it runs no cycle: it only
 // replaces stale pins and, when a queue's accounting may have changed,
-// refreshes queue status at most once per --resync-period.
+// refreshes queue status (refreshStatus: no decision, no placement) at
+// most once per --status-interval.
 func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	a.mu.Lock()
 	wait := a.Opts.CycleInterval - time.Since(a.last)
@@ -142,8 +145,8 @@ func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	}
 	a.mu.Lock()
 	triggers, first := a.triggers, a.first
-	sinceLast := time.Since(a.last)
-	trigger := ""
+	sinceLast, sinceStatus := time.Since(a.last), time.Since(a.lastStatus)
+	trigger, refresh := "", false
 	switch {
 	case gated && len(triggers) > 0:
 		trigger = first
@@ -153,12 +156,10 @@ func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		if triggers[TriggerPod] || triggers[TriggerClaim] || triggers[TriggerQueue] || triggers[TriggerNamespace] || triggers[TriggerRetry] {
 			a.accounting = true
 		}
-		if a.accounting && sinceLast >= a.Opts.ResyncPeriod {
-			trigger = TriggerAccounting
-		}
+		// A shadow writes no status.
+		refresh = a.accounting && a.Shadow == nil && sinceStatus >= a.Opts.StatusInterval
 	}
 	a.triggers, a.first = nil, ""
-	accounting := a.accounting
 	a.mu.Unlock()
 	if trigger == "" {
 		reason := SkipNoChange
@@ -166,12 +167,27 @@ func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			reason = SkipNothingGated
 		}
 		a.Metrics.skipped(reason)
+		if refresh {
+			if err := a.refreshStatus(ctx); err != nil {
+				a.Trigger(TriggerRetry)
+				return reconcile.Result{}, err
+			}
+			sinceStatus = 0
+		}
+		a.mu.Lock()
+		accounting := a.accounting && a.Shadow == nil
+		a.mu.Unlock()
 		// Come back for the resync (pods gated), the queue status
 		// refresh or the next pin to pass its grace; else only an
 		// event wakes this controller.
 		next := time.Duration(0)
-		if gated || accounting {
+		if gated {
 			next = a.Opts.ResyncPeriod - sinceLast
+		}
+		if accounting {
+			if d := max(a.Opts.StatusInterval-sinceStatus, time.Millisecond); next <= 0 || d < next {
+				next = d
+			}
 		}
 		if !staleNext.IsZero() {
 			if d := time.Until(staleNext); next == 0 || d < next {
@@ -313,10 +329,35 @@ func (a *Reconciler) decide(ctx context.Context, snap *decide.Snapshot, trigger 
 	}
 	a.mu.Lock()
 	a.last = time.Now()
+	a.lastStatus = a.last
 	a.accounting = false
 	a.mu.Unlock()
 	a.Metrics.cycle(trigger)
 	return d, nil
+}
+
+// refreshStatus recomputes and writes queue status without a decision
+// cycle (decide.Engine.Status: what runs is charged, nothing is placed),
+// for when nothing is gated but what the queues hold may have changed.
+func (a *Reconciler) refreshStatus(ctx context.Context) error {
+	snap, err := a.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	own(snap, a.Opts.ControllerName)
+	st, err := a.Engine.Status(ctx, snap)
+	if err != nil {
+		return fmt.Errorf("queue status refresh: %w", err)
+	}
+	a.mu.Lock()
+	a.lastStatus = time.Now()
+	a.accounting = false
+	a.mu.Unlock()
+	start := time.Now()
+	a.updateQueues(ctx, snap, st.Queues)
+	klog.FromContext(ctx).V(2).Info("Queue status refresh", "queues", len(st.Queues), "compute", st.Duration, "write", time.Since(start))
+	a.Metrics.statusRefresh(snap, st)
+	return nil
 }
 
 // shadowCycle decides with the shadow's queues and compares; it applies

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,17 +19,20 @@ import (
 
 // Triggers: why a cycle ran (the trigger label of MetricCyclesTotal).
 const (
-	TriggerPod        = "pod"        // a gated pod created or changed; a queued pod ended, was deleted or bound
-	TriggerClaim      = "claim"      // a claim created, deleted, or its allocation changed
-	TriggerQueue      = "queue"      // a Queue created, deleted, or its spec or labels changed
-	TriggerSlice      = "slice"      // a ResourceSlice created, deleted or changed
-	TriggerClass      = "class"      // a DeviceClass created, deleted or changed
-	TriggerNode       = "node"       // a node created, deleted, or its labels, taints, cordon or readiness changed
-	TriggerNamespace  = "namespace"  // a namespace's labels changed
-	TriggerStalePin   = "stale-pin"  // a pinned pod's PodScheduled condition changed
-	TriggerResync     = "resync"     // --resync-period passed with pods gated
-	TriggerRetry      = "retry"      // reasons left to write, or the last cycle failed
-	TriggerAccounting = "accounting" // nothing gated: queue status refreshed (at most once per --resync-period)
+	TriggerPod       = "pod"       // a gated pod created or changed; a queued pod ended, was deleted or bound
+	TriggerClaim     = "claim"     // a claim created, deleted, or its allocation changed
+	TriggerQueue     = "queue"     // a Queue created, deleted, or its spec or labels changed
+	TriggerSlice     = "slice"     // a ResourceSlice created, deleted or changed
+	TriggerClass     = "class"     // a DeviceClass created, deleted or changed
+	TriggerNode      = "node"      // a node created, deleted, or its labels, taints, cordon or readiness changed
+	TriggerNamespace = "namespace" // a namespace's labels changed
+	TriggerStalePin  = "stale-pin" // a pinned pod's PodScheduled condition changed
+	TriggerResync    = "resync"    // --resync-period passed with pods gated
+	TriggerRetry     = "retry"     // reasons left to write, or the last cycle failed
+	// TriggerUsage marks a claim's usage sample (status.devices data)
+	// changed: what the queues use moved, nothing that admits a pod; it
+	// refreshes queue status when nothing is gated and runs no cycle.
+	TriggerUsage = "usage"
 )
 
 // Why a cycle was skipped (the reason label of MetricCyclesSkippedTotal).
@@ -61,6 +65,9 @@ func changeTrigger(old, new client.Object) (string, bool) {
 		changed := !apiequality.Semantic.DeepEqual(o.Status.Allocation, n.Status.Allocation) ||
 			(len(o.Status.ReservedFor) == 0) != (len(n.Status.ReservedFor) == 0) ||
 			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+		if !changed && usageChanged(o, n) {
+			return TriggerUsage, true
+		}
 		return TriggerClaim, changed
 	case *v1alpha1.Queue:
 		return TriggerQueue, old == nil || new == nil || old.GetGeneration() != new.GetGeneration() ||
@@ -87,6 +94,30 @@ func changeTrigger(old, new client.Object) (string, bool) {
 		return TriggerNamespace, old.GetLabels()[v1alpha1.QueueLabel] != new.GetLabels()[v1alpha1.QueueLabel]
 	}
 	return "", true // unknown kinds: decide, to be safe
+}
+
+// usageChanged says whether the data of a claim's device statuses (where
+// the kubelet plugin writes its usage samples) changed.
+func usageChanged(o, n *resourceapi.ResourceClaim) bool {
+	data := func(c *resourceapi.ResourceClaim) [][]byte {
+		var out [][]byte
+		for _, d := range c.Status.Devices {
+			if d.Data != nil && len(d.Data.Raw) > 0 {
+				out = append(out, d.Data.Raw)
+			}
+		}
+		return out
+	}
+	od, nd := data(o), data(n)
+	if len(od) != len(nd) {
+		return true
+	}
+	for i := range od {
+		if !bytes.Equal(od[i], nd[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 func podTrigger(o, n *corev1.Pod) (string, bool) {
@@ -149,10 +180,15 @@ func (a *Reconciler) Handler() handler.EventHandler {
 	}
 }
 
-// Trigger records a reason for the next cycle.
+// Trigger records a reason for the next cycle; TriggerUsage only marks
+// queue status for a refresh.
 func (a *Reconciler) Trigger(trigger string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if trigger == TriggerUsage {
+		a.accounting = true
+		return
+	}
 	if a.triggers == nil {
 		a.triggers = map[string]bool{}
 	}

@@ -25,6 +25,7 @@ package decide
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -276,39 +277,11 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 		s.Slices = patched
 		snap = &s
 	}
-	if !sameObjects(snap.Classes, e.classes) {
-		e.catalog, e.places = nil, nil
-	} else if !sameObjects(snap.Slices, e.slices) {
-		e.catalog = nil
-	}
-	if e.catalog == nil {
-		e.catalog = demand.NewCatalog(snap.Slices, snap.Classes, e.cel)
-	}
+	e.keepCatalog(snap)
 	if e.places == nil || e.places.full() {
 		e.places = newPlaceCache()
 	}
-	e.slices, e.classes = snap.Slices, snap.Classes
-	c := &cycle{
-		e: e, ctx: ctx, logger: klog.FromContext(ctx), snap: snap,
-		tree:     queue.NewTree(snap.Queues),
-		cat:      e.catalog,
-		placer:   newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement, e.places),
-		objs:     &objects{claims: map[string]*resourceapi.ResourceClaim{}, templates: map[string]*resourceapi.ResourceClaimTemplate{}},
-		charged:  map[string]bool{},
-		estCache: map[string]estimate{},
-		specEst:  map[string]estimate{},
-		seen:     map[string]bool{},
-		counts:   map[*queue.Queue]*[2]int32{},
-		used:     map[*queue.Queue]uint64{},
-		sampled:  map[*queue.Queue]bool{},
-		dec:      &Decision{Queues: map[string]*v1alpha1.QueueStatus{}},
-	}
-	for _, cl := range snap.Claims {
-		c.objs.claims[cl.Namespace+"/"+cl.Name] = cl
-	}
-	for _, t := range snap.Templates {
-		c.objs.templates[t.Namespace+"/"+t.Name] = t
-	}
+	c := e.newCycle(ctx, snap, e.catalog, newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement, e.places))
 	// Everything the scheduler allocated, whoever it belongs to.
 	for _, cl := range snap.Claims {
 		if a := cl.Status.Allocation; a != nil {
@@ -357,6 +330,48 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	c.dec.Stats.CELEvaluations, c.dec.Stats.StrippedCalls = c.placer.celEvaluations, c.placer.strippedCalls
 	c.dec.Stats.Duration = time.Since(start)
 	return c.dec, nil
+}
+
+// keepCatalog rebuilds the catalog when snap's slices or classes are not
+// the objects it was built from (and drops the placement cache with the
+// classes), and remembers them. Called with e.mu held.
+func (e *Engine) keepCatalog(snap *Snapshot) {
+	if !sameObjects(snap.Classes, e.classes) {
+		e.catalog, e.places = nil, nil
+	} else if !sameObjects(snap.Slices, e.slices) {
+		e.catalog = nil
+	}
+	if e.catalog == nil {
+		e.catalog = demand.NewCatalog(snap.Slices, snap.Classes, e.cel)
+	}
+	e.slices, e.classes = snap.Slices, snap.Classes
+}
+
+// newCycle returns the working state of one cycle on snap; pl is nil for
+// a status refresh (Status), which places nothing.
+func (e *Engine) newCycle(ctx context.Context, snap *Snapshot, cat *demand.Catalog, pl *placer) *cycle {
+	c := &cycle{
+		e: e, ctx: ctx, logger: klog.FromContext(ctx), snap: snap,
+		tree:     queue.NewTree(snap.Queues),
+		cat:      cat,
+		placer:   pl,
+		objs:     &objects{claims: map[string]*resourceapi.ResourceClaim{}, templates: map[string]*resourceapi.ResourceClaimTemplate{}},
+		charged:  map[string]bool{},
+		estCache: map[string]estimate{},
+		specEst:  map[string]estimate{},
+		seen:     map[string]bool{},
+		counts:   map[*queue.Queue]*[2]int32{},
+		used:     map[*queue.Queue]uint64{},
+		sampled:  map[*queue.Queue]bool{},
+		dec:      &Decision{Queues: map[string]*v1alpha1.QueueStatus{}},
+	}
+	for _, cl := range snap.Claims {
+		c.objs.claims[cl.Namespace+"/"+cl.Name] = cl
+	}
+	for _, t := range snap.Templates {
+		c.objs.templates[t.Namespace+"/"+t.Name] = t
+	}
+	return c
 }
 
 func (c *cycle) count(q *queue.Queue, i int) {
@@ -411,11 +426,18 @@ func (c *cycle) chargeAdmitted() error {
 							c.sampled[n] = true
 						}
 					}
-					sn := c.placer.nodeOf(pc.Claim.Status.Allocation)
+					var sn *placeNode
+					if c.placer != nil {
+						sn = c.placer.nodeOf(pc.Claim.Status.Allocation)
+					}
 					if sn != nil {
 						w.holdings = append(w.holdings, holding{sn, pc.Claim.Status.Allocation})
 					}
 					infos = append(infos, claimInfo{pc: pc, node: sn, settled: true})
+				case r != nil && c.placer == nil:
+					// A status refresh: charged what was reserved.
+					w.Charge = w.Charge.Add(r.charge)
+					infos = append(infos, claimInfo{pc: pc, settled: true})
 				case r != nil && c.placer.byName[r.node] != nil:
 					sn := c.placer.byName[r.node]
 					c.placer.add(sn, &r.result)
@@ -434,6 +456,12 @@ func (c *cycle) chargeAdmitted() error {
 		}
 	}
 	for _, r := range toPlace {
+		if c.placer == nil {
+			// A status refresh places nothing: charged the estimate, as
+			// when it does not fit.
+			c.chargeEstimates(r.w, r.infos)
+			continue
+		}
 		t := c.placer.newTrial()
 		if n := r.pod.Annotations[v1alpha1.NodeAnnotation]; n != "" {
 			t.hint = c.placer.byName[n]
@@ -456,12 +484,7 @@ func (c *cycle) chargeAdmitted() error {
 		}
 		// It does not fit any more (someone else took the devices): charge
 		// the estimate; the scheduler will tell.
-		for _, ci := range r.infos {
-			if !ci.settled {
-				est := c.estimate(ci.pc)
-				r.w.Charge = r.w.Charge.Add(est.v)
-			}
-		}
+		c.chargeEstimates(r.w, r.infos)
 	}
 	for _, w := range c.admitted {
 		if w.leaf != nil && w.leaf.Invalid == "" {
@@ -470,6 +493,16 @@ func (c *cycle) chargeAdmitted() error {
 		}
 	}
 	return nil
+}
+
+// chargeEstimates charges w the estimate of every claim of infos not
+// settled.
+func (c *cycle) chargeEstimates(w *Workload, infos []claimInfo) {
+	for _, ci := range infos {
+		if !ci.settled {
+			w.Charge = w.Charge.Add(c.estimate(ci.pc).v)
+		}
+	}
 }
 
 // reserve records the placements of a trial as reservations of w and
@@ -493,7 +526,13 @@ func (c *cycle) estimate(pc demand.PodClaim) estimate {
 		return e
 	}
 	// An error names the claim: it is not shared with other claims.
-	spec := c.placer.specJSON(pc.Claim)
+	var spec string
+	if c.placer != nil {
+		spec = c.placer.specJSON(pc.Claim)
+	} else {
+		data, _ := json.Marshal(pc.Claim.Spec)
+		spec = string(data)
+	}
 	e, ok := c.specEst[spec]
 	if !ok {
 		v, err := c.cat.EstimateClaim(c.ctx, pc.Display, &pc.Claim.Spec)

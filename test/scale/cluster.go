@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -65,10 +64,8 @@ func nodeName(i int) string { return fmt.Sprintf("kwok-node-%04d", i) }
 // model → publish path over a mock node seeded with the node's name) and
 // creates the queues. It returns the number of GPUs per node.
 func setUp(ctx context.Context, cs kubernetes.Interface, cl client.Client, cfg Config, logf localcluster.Logf) (int, error) {
-	opts := &plugin.Options{}
-	fs := pflag.NewFlagSet("kubelet-plugin", pflag.ContinueOnError)
-	opts.AddFlags(fs)
-	if err := fs.Parse([]string{"--gpu-backend=mock", "--mock-profile=" + cfg.Profile}); err != nil {
+	opts, err := pluginOptions(cfg.Profile, false)
+	if err != nil {
 		return 0, err
 	}
 	probe, err := plugin.NodeSlices(ctx, opts, nodeName(0))

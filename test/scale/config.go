@@ -33,6 +33,9 @@ type Config struct {
 	// BigGang is the size of the single gang of workload (d); its baseline
 	// is the same pods ungated at once.
 	BigGang int
+	// MIGPods is the size of the dynamic-MIG workload (m) and of its
+	// share baseline (mig.go); 0 leaves both out.
+	MIGPods int
 	// Timeout bounds each workload (creation until every pod is bound).
 	Timeout time.Duration
 	// Workers is how many pods the harness creates in parallel.
@@ -46,13 +49,13 @@ type Config struct {
 // pods over 10 queues, 8 gangs of 64 and one gang of 512 whole GPUs.
 func Default() Config {
 	return Config{Nodes: 500, Profile: "dgxh100", Pods: 4000, Queues: 10, Share: "8Gi",
-		Gangs: 8, GangSize: 64, BigGang: 512, Timeout: 10 * time.Minute, Workers: 32}
+		Gangs: 8, GangSize: 64, BigGang: 512, MIGPods: 1000, Timeout: 10 * time.Minute, Workers: 32}
 }
 
 // Small is the smoke variant that runs in `make test`.
 func Small() Config {
 	return Config{Nodes: 20, Profile: "dgxh100", Pods: 200, Queues: 4, Share: "8Gi",
-		Gangs: 2, GangSize: 16, BigGang: 64, Timeout: 3 * time.Minute, Workers: 16}
+		Gangs: 2, GangSize: 16, BigGang: 64, MIGPods: 100, Timeout: 3 * time.Minute, Workers: 16}
 }
 
 // Validate checks that the workloads fit the cluster: every whole-GPU
@@ -64,6 +67,8 @@ func (c Config) Validate(gpusPerNode int) error {
 	case c.Gangs*c.GangSize > c.Nodes*gpusPerNode || c.BigGang > c.Nodes*gpusPerNode:
 		return fmt.Errorf("scale: %d nodes x %d GPUs cannot hold %d gangs of %d or a gang of %d whole GPUs",
 			c.Nodes, gpusPerNode, c.Gangs, c.GangSize, c.BigGang)
+	case c.MIGPods < 0 || c.MIGPods > c.Nodes*gpusPerNode*7:
+		return fmt.Errorf("scale: %d MIG pods: use 0 (none) up to %d (%d nodes x %d GPUs x 7 %s partitions)", c.MIGPods, c.Nodes*gpusPerNode*7, c.Nodes, gpusPerNode, MIGProfile)
 	case c.Pods > c.Nodes*110:
 		return fmt.Errorf("scale: %d pods do not fit %d nodes of 110 pods", c.Pods, c.Nodes)
 	}

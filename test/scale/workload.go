@@ -35,6 +35,10 @@ type workload struct {
 	// flags are set on Tessera's controller for this workload (nil: the
 	// chart's own).
 	flags map[string]string
+	// setup, when set, prepares the workload's namespace and cluster
+	// before it is measured; what it returns undoes it once the
+	// namespace is gone.
+	setup func(ctx context.Context, h *harness, ns string) (restore func(context.Context) error, err error)
 }
 
 // workloads are the runs in order, each baseline right before what it is
@@ -53,7 +57,7 @@ func workloads(cfg Config) []workload {
 		claim(p, wholeTemplate)
 	}
 	noPin := map[string]string{"--pin-nodes": "none"}
-	return []workload{
+	return append([]workload{
 		{name: "plain", title: fmt.Sprintf("(b) %d pods, no claim, no queue", cfg.Pods), pods: cfg.Pods, profile: true,
 			pod: func(int, *corev1.Pod) {}},
 		{name: "claims", title: fmt.Sprintf("(a') %d pods, a %s share claim each, no queue", cfg.Pods, cfg.Share), pods: cfg.Pods, profile: true,
@@ -75,7 +79,7 @@ func workloads(cfg Config) []workload {
 			pod: func(i int, p *corev1.Pod) { gang(p, fmt.Sprintf("g%d", i/cfg.GangSize), cfg.GangSize) }},
 		{name: "gang", title: fmt.Sprintf("(d) one gang of %d pods, a whole GPU each", cfg.BigGang), pods: cfg.BigGang,
 			pod: func(_ int, p *corev1.Pod) { gang(p, "big", cfg.BigGang) }},
-	}
+	}, migWorkloads(cfg)...)
 }
 
 // basePod is what every measured pod has: it tolerates and selects the fake
@@ -117,8 +121,12 @@ type Result struct {
 	// plugin by extension point (sampled by the scheduler: 10% of cycles).
 	SchedulingAttempt Histogram
 	DRA               map[string]Histogram
-	// Cycle is the controller's tessera_admission_cycle_seconds by phase.
-	Cycle map[string]Histogram
+	// Cycle is the controller's tessera_admission_cycle_seconds by phase
+	// (decision cycles only); StatusRefresh its
+	// tessera_queue_status_refresh_seconds (queue status refreshed with
+	// nothing gated, no decision).
+	Cycle         map[string]Histogram
+	StatusRefresh Histogram
 	// Usage is each component's CPU time and peak resident memory from the
 	// first create call until the last pod was bound (Components).
 	Usage map[string]Usage
@@ -147,11 +155,23 @@ func (h *harness) measure(ctx context.Context, w workload) (*Result, error) {
 	if err := h.createNamespace(ctx, ns); err != nil {
 		return nil, err
 	}
+	var restore func(context.Context) error
 	defer func() {
 		if err := h.deleteNamespace(ctx, ns); err != nil {
 			h.logf("cleaning up %s: %v", ns, err)
 		}
+		if restore != nil {
+			if err := restore(ctx); err != nil {
+				h.logf("restoring the cluster after %s: %v", ns, err)
+			}
+		}
 	}()
+	if w.setup != nil {
+		var err error
+		if restore, err = w.setup(ctx, h, ns); err != nil {
+			return nil, fmt.Errorf("%s: setting up: %w", w.title, err)
+		}
+	}
 	var (
 		mu    sync.Mutex
 		bound = map[string]time.Duration{}
@@ -275,6 +295,8 @@ func (h *harness) measure(ctx context.Context, w workload) (*Result, error) {
 		match := func(l map[string]string) bool { return l["phase"] == phase }
 		r.Cycle[phase] = sumHistogram(after["controller"], cycle, match).minus(sumHistogram(before["controller"], cycle, match))
 	}
+	const refresh = "tessera_queue_status_refresh_seconds"
+	r.StatusRefresh = sumHistogram(after["controller"], refresh, nil).minus(sumHistogram(before["controller"], refresh, nil))
 	h.logf("%s: all %d bound in %s (created in %s; %.0f pods/s; controller writes %.0f; API server writes %.0f)",
 		w.title, w.pods, r.AllBound.Round(100*time.Millisecond), created.Round(100*time.Millisecond), r.Rate(), r.ControllerWrites, r.APIWrites)
 	return r, nil
