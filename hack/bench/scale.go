@@ -61,6 +61,7 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 	p("Nothing runs on a fake node (the kwok controller marks bound pods Running), so nothing is prepared: this measures the control plane. ")
 	p("kube-scheduler and kube-controller-manager run with `--kube-api-qps=5000 --kube-api-burst=10000` (what `kwokctl --disable-qps-limits` sets; their defaults, 50 and 20 QPS, would measure the defaults), the controller-manager with `--concurrent-resourceclaim-syncs=50`. ")
 	p("A pod counts as bound when the harness's watch sees `spec.nodeName` set; times run from the first create call (the harness creates %d pods in parallel). Cluster bring-up took %s, the nodes and slices %s.\n\n", cfg.Workers, rep.ClusterUp.Round(time.Second), rep.Setup.Round(time.Second))
+	writePeerSetup(p, cfg)
 
 	p("### Ratios\n\n| comparison | ratio | time until all bound |\n|---|---:|---|\n")
 	ratio := func(what, a, base string) {
@@ -79,6 +80,7 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 	for _, row := range migRatios(rep) {
 		p("%s\n", row)
 	}
+	ratio(peerRatio(cfg))
 
 	p("\n### Targets\n\n| target | measured | verdict |\n|---|---|---|\n")
 	if a, a2 := rep.Find("shares"), rep.Find("claims"); a != nil && a2 != nil {
@@ -93,6 +95,7 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		p("| no decision cycle in (a'), where no pod is gated | %.0f cycles (%.0f queue status refreshes) | %s |\n", a2.Cycle["decide"].Count, a2.StatusRefresh.Count, verdict(a2.Cycle["decide"].Count == 0))
 	}
 
+	writePeer(p, rep)
 	p("\n### Absolute figures\n\n")
 	p("| workload | pods | created in | all bound | pods bound/s | Tessera controller writes/s | API server writes/s | API server requests/s | scheduling attempt p50 / p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rep.Runs {

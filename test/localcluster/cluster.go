@@ -676,7 +676,7 @@ func (c *Cluster) Status() []ComponentStatus {
 	return out
 }
 
-var allComponents = []string{compEtcd, compContainerd, compAPIServer, compCM, compScheduler, compKubelet, compPlugin, compController, compKwok}
+var allComponents = []string{compEtcd, compContainerd, compAPIServer, compCM, compScheduler, compKubelet, compPlugin, compController, compKwok, compKueue}
 
 // ArchiveLogs copies every component log into <work>/archive/<time>-<reason>
 // and returns that directory. The five newest archives are kept.

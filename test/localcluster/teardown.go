@@ -60,7 +60,7 @@ func (c *Cluster) Down() error {
 	}
 
 	// 1. Controllers: nothing may create new pods or claims meanwhile.
-	for _, n := range []string{compController, compCM, compScheduler, compKwok} {
+	for _, n := range []string{compKueue, compController, compCM, compScheduler, compKwok} {
 		note(c.stop(n, 10*time.Second))
 	}
 	// 2. Pods, while kubelet and plugin still run; the driver's own last

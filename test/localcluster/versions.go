@@ -18,6 +18,9 @@ const (
 	// KwokVersion is the sigs.k8s.io/kwok release whose kwok controller
 	// simulates nodes for the scale benchmarks (make bench-scale).
 	KwokVersion = "v0.8.0"
+	// KueueVersion is the sigs.k8s.io/kueue release the scale benchmark
+	// compares Tessera's admission with (make bench-scale).
+	KueueVersion = "v0.17.0"
 )
 
 // HostPackages are the Debian packages the cluster needs on the host; they are

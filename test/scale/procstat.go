@@ -18,8 +18,9 @@ import (
 // Components are the processes a scale run accounts CPU time and memory
 // to, by the base name of their executable: the control plane, the node
 // (kubelet, containerd), Tessera's controller (its webhooks run in the
-// same process) and kubelet plugin, and the kwok controller.
-var Components = []string{"kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "controller", "kubelet-plugin", "kubelet", "containerd", "kwok"}
+// same process) and kubelet plugin, the kwok controller and, for the peer
+// comparison, the Kueue manager.
+var Components = []string{"kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "controller", "kubelet-plugin", "kubelet", "containerd", "kwok", "kueue"}
 
 // userHZ is the unit of utime and stime in /proc/PID/stat: USER_HZ,
 // which Linux fixes at 100 for every architecture user space sees.

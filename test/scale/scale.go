@@ -28,6 +28,9 @@ type Report struct {
 	Runs             []*Result
 	// ProfileDir holds the merged CPU profiles (NAME-WORKLOAD.pb.gz).
 	ProfileDir string
+	// Shares is the share-admission scenario of the peer comparison
+	// (Tessera vs Kueue); nil when it did not run.
+	Shares *ShareAdmission
 	// Failed says which workload stopped the run, and why; "" when every
 	// workload ran. Runs are the workloads measured before it.
 	Failed string
@@ -115,7 +118,7 @@ func onCluster(ctx context.Context, cfg Config, logf localcluster.Logf, body fun
 		return nil, err
 	}
 	rep.Setup = time.Since(setupStart)
-	h := &harness{cfg: cfg, cs: cs, endpoints: eps, logf: logf, profileDir: cfg.ProfileDir}
+	h := &harness{cfg: cfg, cs: cs, crc: crc, endpoints: eps, logf: logf, profileDir: cfg.ProfileDir}
 	if h.profileDir == "" {
 		if h.profileDir, err = os.MkdirTemp("", "tessera-scale-profiles-"); err != nil {
 			return nil, err
@@ -123,6 +126,10 @@ func onCluster(ctx context.Context, cfg Config, logf localcluster.Logf, body fun
 	}
 	rep.ProfileDir = h.profileDir
 	if err := body(ctx, h, cl, rep); err != nil {
+		return rep, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
+	}
+	// Last: the peer comparison with Kueue, which is stopped after it.
+	if err := runPeer(ctx, h, cl, rep); err != nil {
 		return rep, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
 	}
 	return rep, nil

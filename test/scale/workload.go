@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tesserav1 "github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/test/localcluster"
@@ -39,6 +40,8 @@ type workload struct {
 	// before it is measured; what it returns undoes it once the
 	// namespace is gone.
 	setup func(ctx context.Context, h *harness, ns string) (restore func(context.Context) error, err error)
+	// nsLabels label the workload's namespace (nil: none).
+	nsLabels map[string]string
 }
 
 // workloads are the runs in order, each baseline right before what it is
@@ -46,10 +49,7 @@ type workload struct {
 // queue: what DRA costs without Tessera's admission), then (a), the 512
 // ungated whole GPUs then the gangs (c) and (d).
 func workloads(cfg Config) []workload {
-	claim := func(p *corev1.Pod, template string) {
-		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &template}}
-		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
-	}
+	claim := useClaim
 	gang := func(p *corev1.Pod, name string, size int) {
 		p.Labels[tesserav1.QueueLabel] = gangQueue
 		p.Labels[tesserav1.GangLabel] = name
@@ -95,6 +95,12 @@ func basePod(ns string, i int) *corev1.Pod {
 			Containers:                    []corev1.Container{{Name: "c", Image: localcluster.BusyboxImage}},
 		},
 	}
+}
+
+// useClaim gives pod p a claim "gpu" from template, used by its container.
+func useClaim(p *corev1.Pod, template string) {
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &template}}
+	p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
 }
 
 // Result is what one workload measured.
@@ -152,7 +158,7 @@ func (h *harness) measure(ctx context.Context, w workload) (*Result, error) {
 		return nil, fmt.Errorf("%s: %w", w.title, err)
 	}
 	ns := "scale-" + w.name
-	if err := h.createNamespace(ctx, ns); err != nil {
+	if err := h.createNamespace(ctx, ns, w.nsLabels); err != nil {
 		return nil, err
 	}
 	var restore func(context.Context) error
@@ -336,11 +342,11 @@ func (h *harness) pendingReasons(ctx context.Context, ns string) string {
 	return "unbound: " + strings.Join(out, "; ")
 }
 
-func (h *harness) createNamespace(ctx context.Context, ns string) error {
+func (h *harness) createNamespace(ctx context.Context, ns string, labels map[string]string) error {
 	if err := h.deleteNamespace(ctx, ns); err != nil { // left by an interrupted run
 		return err
 	}
-	if _, err := h.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	if _, err := h.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	for _, t := range claimTemplates(h.cfg) {
@@ -406,6 +412,7 @@ func waitUntil(ctx context.Context, timeout time.Duration, what string, check fu
 type harness struct {
 	cfg       Config
 	cs        kubernetes.Interface
+	crc       client.Client
 	endpoints []endpoint
 	logf      localcluster.Logf
 	// profileDir keeps the merged CPU profiles.
