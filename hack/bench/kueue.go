@@ -30,14 +30,14 @@ func writePeer(p func(string, ...any), rep *scale.Report) {
 	}
 	p("\n### Peer: Kueue %s\n\n", localcluster.KueueVersion)
 	if e != nil && e2 != nil {
-		p("The same %d pods, a whole GPU each, admitted by each (Tessera's from a queue with a GPU quota and no gang; writes from the API server's `apiserver_request_total`, every client together, since Kueue's own client metrics sit behind its authenticated metrics endpoint):\n\n", e.Pods)
-		p("| admitter | all bound | pods bound/s | API server writes per pod | admitter CPU per pod | admitter peak RSS |\n|---|---:|---:|---:|---:|---:|\n")
-		row := func(name string, r *scale.Result, comp string) {
-			p("| %s | %s | %.1f | %.2f | %.2f ms | %s |\n", name, secs(r.AllBound), r.Rate(), r.APIWrites/float64(r.Pods),
+		p("The same %d pods, a whole GPU each, admitted by each (Tessera's from a queue with a GPU quota and no gang; the admitter's own writes from its `rest_client_requests_total`, Kueue's read with a ServiceAccount token since its metrics endpoint authenticates; every client's from the API server's `apiserver_request_total`):\n\n", e.Pods)
+		p("| admitter | all bound | pods bound/s | admitter writes per pod | API server writes per pod, all clients | admitter CPU per pod | admitter peak RSS |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		row := func(name string, r *scale.Result, comp, writes string) {
+			p("| %s | %s | %.1f | %.2f | %.2f | %.2f ms | %s |\n", name, secs(r.AllBound), r.Rate(), r.Writes[writes]/float64(r.Pods), r.APIWrites/float64(r.Pods),
 				float64(r.CPUPerPod(comp).Microseconds())/1000, mib(r.Usage[comp].PeakRSS))
 		}
-		row("Tessera's controller (e')", e2, "controller")
-		row("Kueue "+localcluster.KueueVersion+" (e)", e, "kueue")
+		row("Tessera's controller (e')", e2, "controller", "controller")
+		row("Kueue "+localcluster.KueueVersion+" (e)", e, "kueue", "kueue")
 		p("\n")
 	}
 	if s := rep.Shares; s != nil {

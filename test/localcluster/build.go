@@ -76,6 +76,9 @@ func EnsureBinaries(ctx context.Context, logf Logf) (*Binaries, error) {
 	if err := buildKwok(ctx, logf, filepath.Dir(b.Kwok)); err != nil {
 		return nil, fmt.Errorf("building kwok %s: %w", KwokVersion, err)
 	}
+	if err := buildKueue(ctx, logf, kueueBinDir()); err != nil {
+		return nil, fmt.Errorf("building kueue %s: %w", KueueVersion, err)
+	}
 	return b, nil
 }
 
@@ -399,7 +402,7 @@ func progress(every time.Duration, report func(elapsed time.Duration)) (stop fun
 // built, so that bringing a cluster up does not start a long build.
 func BinariesCached() bool {
 	b := binaryPaths()
-	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim, b.Kwok, b.KwokStages} {
+	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim, b.Kwok, b.KwokStages, filepath.Join(kueueBinDir(), "kueue")} {
 		if _, err := os.Stat(p); err != nil {
 			return false
 		}
