@@ -81,7 +81,7 @@ type Kueue struct {
 }
 
 func buildKueue(ctx context.Context, logf Logf, dst string) error {
-	return buildOnce(ctx, logf, "kueue", KueueVersion, dst, []string{"kueue"}, "about 3-5 minutes cold",
+	return buildOnce(ctx, logf, "kueue", KueueVersion, dst, []string{"kueue"}, "about 3 minutes cold on an idle machine, much longer on a busy one",
 		func(work, out string, run runFunc) error {
 			// Kueue's go.mod has no replace directives: go install builds it
 			// as released.
