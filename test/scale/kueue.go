@@ -4,18 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tesserav1 "github.com/tessera-dev/tessera/api/v1alpha1"
@@ -94,13 +89,6 @@ func runPeer(ctx context.Context, h *harness, cl *localcluster.Cluster, rep *Rep
 		return fmt.Errorf("starting kueue: %w", err)
 	}
 	defer func() { err = errors.Join(err, k.Stop(ctx)) }()
-	ep, err := kueueMetrics(ctx, h.cs)
-	if err != nil {
-		return fmt.Errorf("kueue's metrics: %w", err)
-	}
-	eps := h.endpoints
-	h.endpoints = append(slices.Clip(eps), ep)
-	defer func() { h.endpoints = eps }()
 	for _, w := range peerWorkloads(h.cfg) {
 		run, err := h.measure(ctx, w)
 		if err != nil {
@@ -114,46 +102,6 @@ func runPeer(ctx context.Context, h *harness, cl *localcluster.Cluster, rep *Rep
 		rep.Failed = fmt.Sprintf("share admission, Tessera vs Kueue: %v", err)
 	}
 	return err
-}
-
-// kueueMetrics is the Kueue manager's metrics endpoint ("kueue"), read
-// with the token of a ServiceAccount allowed to get /metrics: Kueue's
-// metrics server authenticates and authorises through the API server.
-func kueueMetrics(ctx context.Context, cs kubernetes.Interface) (endpoint, error) {
-	const name = "tessera-scale-kueue-metrics"
-	ns := localcluster.KueueSystemNamespace
-	exists := func(err error) error {
-		if apierrors.IsAlreadyExists(err) {
-			return nil
-		}
-		return err
-	}
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); exists(err) != nil {
-		return endpoint{}, err
-	}
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}
-	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); exists(err) != nil {
-		return endpoint{}, err
-	}
-	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}}}
-	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); exists(err) != nil {
-		return endpoint{}, err
-	}
-	hour := int64(3600)
-	tok, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &hour}}, metav1.CreateOptions{})
-	if err != nil {
-		return endpoint{}, err
-	}
-	// Its serving certificate is the harness's own, for 127.0.0.1.
-	c, err := rest.HTTPClientFor(&rest.Config{BearerToken: tok.Status.Token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
-	if err != nil {
-		return endpoint{}, err
-	}
-	return endpoint{name: "kueue", url: fmt.Sprintf("https://127.0.0.1:%d/metrics", localcluster.KueueMetricsPort), client: c}, nil
 }
 
 // kueueObjects are the ResourceFlavor, a ClusterQueue named cq with gpus of
@@ -335,9 +283,10 @@ func (h *harness) boundPods(ctx context.Context, ns string) (int, error) {
 	return n, nil
 }
 
-// gpuMemory is the memory capacity of a GPU of the fake nodes' slices.
+// gpuMemory is the memory capacity of a GPU of the fake nodes' slices (not
+// the real node's, whose plugin models another profile).
 func (h *harness) gpuMemory(ctx context.Context) (int64, error) {
-	slices, err := h.cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{Limit: 20})
+	slices, err := h.cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + nodeName(0)})
 	if err != nil {
 		return 0, err
 	}
@@ -352,5 +301,5 @@ func (h *harness) gpuMemory(ctx context.Context) (int64, error) {
 			}
 		}
 	}
-	return 0, errors.New("no GPU device with a memory capacity in the ResourceSlices")
+	return 0, fmt.Errorf("no GPU device with a memory capacity in the ResourceSlices of %s", nodeName(0))
 }
