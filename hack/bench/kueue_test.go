@@ -14,9 +14,9 @@ func TestWritePeer(t *testing.T) {
 		Runs: []*scale.Result{
 			{Name: "ungated", Pods: 512, APIWrites: 4096},
 			{Name: "queued-whole", Pods: 512, AllBound: 20 * time.Second, APIWrites: 5120,
-				Usage:  map[string]scale.Usage{"controller": {CPU: 512 * time.Millisecond, PeakRSS: 100 << 20}}},
+				Usage: map[string]scale.Usage{"controller": {CPU: 512 * time.Millisecond, PeakRSS: 100 << 20}}},
 			{Name: "kueue-whole", Pods: 512, AllBound: 40 * time.Second, APIWrites: 7680,
-				Usage:  map[string]scale.Usage{"kueue": {CPU: 1024 * time.Millisecond, PeakRSS: 200 << 20}}},
+				Usage: map[string]scale.Usage{"kueue": {CPU: 1024 * time.Millisecond, PeakRSS: 200 << 20}}},
 		},
 		Shares: &scale.ShareAdmission{GPUs: 8, Pods: 88, Share: "8Gi", Tessera: 80, Kueue: 8},
 	}
