@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/tessera-dev/tessera/hack/internal/docsection"
 	"github.com/tessera-dev/tessera/test/scale"
 )
 
@@ -94,7 +95,7 @@ func main() {
 		if err != nil && !os.IsNotExist(err) {
 			fail(err)
 		}
-		if err := os.WriteFile(*out, []byte(spliceScale(string(doc), section)), 0o644); err != nil {
+		if err := os.WriteFile(*out, []byte(docsection.BenchScale.Splice(string(doc), section)), 0o644); err != nil {
 			fail(err)
 		}
 		fmt.Fprintf(os.Stderr, "bench: wrote the scale section of %s in %s\n", *out, time.Since(start).Round(time.Second))
@@ -146,8 +147,10 @@ func main() {
 		fmt.Fprintf(&doc, "| %s | %s | %s | %s |\n", t.what, t.goal, t.measured, t.verdict)
 	}
 	doc.Write(r.body.Bytes())
-	if kept := keptScale(*out); kept != "" && !*short {
-		fmt.Fprintf(&doc, "\n%s", kept)
+	for _, m := range docsection.Kept {
+		if kept := m.Kept(*out); kept != "" && !*short {
+			fmt.Fprintf(&doc, "\n%s", kept)
+		}
 	}
 
 	if *short {
