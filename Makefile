@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale clean help
+.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale bench-upstream clean help
 
 all: build
 
@@ -95,6 +95,11 @@ bench-smoke:
 ## bench-scale: end to end at scale (needs root, < 30 min): 500 KWOK nodes, 4,000 share pods in 10 queues vs the same without, gangs of 64 and 512 vs the same pods ungated; rewrites its section of docs/benchmarks.md (make bench keeps it)
 bench-scale:
 	$(GO) run ./hack/bench --scale
+
+## bench-upstream: kube-scheduler's own benchmark (scheduler_perf of k8s.io/kubernetes v1.37.2, from the module proxy; no cluster, no root) at 500 nodes: upstream's DRA test driver slices vs Tessera's dgxh100 slices with 8Gi shares vs plain pods; rewrites its section of docs/benchmarks.md (BENCH_UPSTREAM_ARGS=--nodes=... --init-pods=... --measure-pods=...)
+BENCH_UPSTREAM_ARGS ?=
+bench-upstream:
+	$(GO) run ./hack/benchupstream $(BENCH_UPSTREAM_ARGS)
 
 ## clean: remove build outputs
 clean:
