@@ -27,8 +27,8 @@ type Throughput struct {
 }
 
 // ParseResults reads a results file and returns the SchedulingThroughput of
-// each test case, by test case name (the first part of the Name label,
-// "<case>/<workload>/<namespace>").
+// each test case, by test case name (from the Name label,
+// "BenchmarkPerfScheduling/<case>/<workload>/<namespace>").
 func ParseResults(data []byte) (map[string]Throughput, error) {
 	var items dataItems
 	if err := json.Unmarshal(data, &items); err != nil {
@@ -39,7 +39,7 @@ func ParseResults(data []byte) (map[string]Throughput, error) {
 		if it.Labels["Metric"] != "SchedulingThroughput" {
 			continue
 		}
-		name, _, _ := strings.Cut(it.Labels["Name"], "/")
+		name := caseName(it.Labels["Name"])
 		if name == "" {
 			return nil, fmt.Errorf("a SchedulingThroughput item has no Name label")
 		}
@@ -53,6 +53,17 @@ func ParseResults(data []byte) (map[string]Throughput, error) {
 		out[name] = Throughput{Average: avg, Perc50: it.Data["Perc50"], Perc90: it.Data["Perc90"], Perc99: it.Data["Perc99"]}
 	}
 	return out, nil
+}
+
+// caseName is the test case of a Name label: scheduler_perf writes
+// "<benchmark>/<case>/<workload>/<namespace>" (older releases leave the
+// benchmark out).
+func caseName(label string) string {
+	parts := strings.Split(label, "/")
+	if len(parts) > 1 && strings.HasPrefix(parts[0], "Benchmark") {
+		parts = parts[1:]
+	}
+	return parts[0]
 }
 
 // ResultsFile is the newest BenchmarkPerfScheduling_*.json in dir.

@@ -8,17 +8,18 @@ import (
 	"time"
 )
 
-// sampleResults is the shape scheduler_perf writes (abridged): one
+// sampleResults is the shape scheduler_perf writes (abridged; SchedulingBasic
+// in the form of releases without the benchmark in the name): one
 // SchedulingThroughput item per measured case, among other metrics.
 const sampleResults = `{
   "version": "v1",
   "dataItems": [
     {"data": {"Average": 61.5, "Perc50": 60, "Perc90": 80, "Perc95": 85, "Perc99": 90}, "unit": "pods/s",
-     "labels": {"Metric": "SchedulingThroughput", "Name": "UpstreamTestDriverWithResourceClaimTemplate/5000pods_500nodes/namespace-2"}},
+     "labels": {"Metric": "SchedulingThroughput", "Name": "BenchmarkPerfScheduling/UpstreamTestDriverWithResourceClaimTemplate/5000pods_500nodes/test", "event": "not applicable"}},
     {"data": {"Perc50": 12.5, "Perc99": 40}, "unit": "ms",
      "labels": {"Metric": "scheduler_pod_scheduling_sli_duration_seconds", "Name": "UpstreamTestDriverWithResourceClaimTemplate/5000pods_500nodes/namespace-2"}},
     {"data": {"Average": 55, "Perc50": 54, "Perc90": 70, "Perc99": 75}, "unit": "pods/s",
-     "labels": {"Metric": "SchedulingThroughput", "Name": "TesseraSharesWithResourceClaimTemplate/5000pods_500nodes/namespace-2"}},
+     "labels": {"Metric": "SchedulingThroughput", "Name": "BenchmarkPerfScheduling/TesseraSharesWithResourceClaimTemplate/5000pods_500nodes/test"}},
     {"data": {"Average": 200, "Perc50": 190, "Perc90": 250, "Perc99": 260}, "unit": "pods/s",
      "labels": {"Metric": "SchedulingThroughput", "Name": "SchedulingBasic/5000pods_500nodes/namespace-2"}}
   ]
