@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale bench-tuning clean help
+.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale bench-tuning bench-upstream clean help
 
 all: build
 
@@ -99,6 +99,11 @@ bench-scale:
 ## bench-tuning: settings against the defaults at scale (needs root, < 30 min): 500 KWOK nodes, 1,000 share pods with and without queues per setting (kube-scheduler percentageOfNodesToScore, client QPS, SchedulerPreQueueingHints; Tessera's apply workers, client QPS, cycle interval); rewrites its section of docs/tuning.md
 bench-tuning:
 	$(GO) run ./hack/bench --tuning
+
+## bench-upstream: kube-scheduler's own benchmark (scheduler_perf of k8s.io/kubernetes v1.37.2, from the module proxy; no cluster, no root) at 500 nodes: upstream's DRA test driver slices vs Tessera's dgxh100 slices with 8Gi shares vs plain pods; rewrites its section of docs/benchmarks.md (BENCH_UPSTREAM_ARGS=--nodes=... --init-pods=... --measure-pods=...)
+BENCH_UPSTREAM_ARGS ?=
+bench-upstream:
+	$(GO) run ./hack/benchupstream $(BENCH_UPSTREAM_ARGS)
 
 ## clean: remove build outputs
 clean:

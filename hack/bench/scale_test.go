@@ -1,43 +1,12 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tessera-dev/tessera/test/scale"
 )
-
-func TestScaleSectionSurvivesMakeBench(t *testing.T) {
-	section := scaleBegin + "\n## Scale\nfigures\n" + scaleEnd + "\n"
-	tests := []struct {
-		name, doc, want string
-	}{
-		{"appended to a report without one", "# Benchmarks\n\nbody\n", "# Benchmarks\n\nbody\n\n" + section},
-		{"replaces the old one in place", "# B\n\n" + scaleBegin + "\nold\n" + scaleEnd + "\n\n## After\n", "# B\n\n" + strings.TrimRight(section, "\n") + "\n\n## After\n"},
-		{"an empty report", "", "\n\n" + section},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := spliceScale(tc.doc, section); got != tc.want {
-				t.Errorf("spliceScale() =\n%q\nwant\n%q", got, tc.want)
-			}
-		})
-	}
-	// make bench rewrites the report and carries the section over.
-	path := filepath.Join(t.TempDir(), "benchmarks.md")
-	if got := keptScale(path); got != "" {
-		t.Errorf("keptScale of a missing report = %q, want nothing", got)
-	}
-	if err := os.WriteFile(path, []byte(spliceScale("# Benchmarks\nold body\n", section)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if got := keptScale(path); got != section {
-		t.Errorf("keptScale() = %q, want %q", got, section)
-	}
-}
 
 func TestShortFunc(t *testing.T) {
 	for in, want := range map[string]string{

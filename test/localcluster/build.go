@@ -82,6 +82,17 @@ func EnsureBinaries(ctx context.Context, logf Logf) (*Binaries, error) {
 	return b, nil
 }
 
+// EnsureEtcd builds only etcd (EtcdVersion) when it is not cached and returns
+// the path of its binary, for harnesses that need etcd without the cluster
+// (kube-scheduler's scheduler_perf, make bench-upstream).
+func EnsureEtcd(ctx context.Context, logf Logf) (string, error) {
+	etcd := binaryPaths().Etcd
+	if err := buildEtcd(ctx, logf, filepath.Dir(etcd)); err != nil {
+		return "", fmt.Errorf("building etcd %s: %w", EtcdVersion, err)
+	}
+	return etcd, nil
+}
+
 // binaryPaths says where every program is, built or not.
 func binaryPaths() *Binaries {
 	k8s := binDir("kubernetes", KubernetesVersion)
