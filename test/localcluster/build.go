@@ -76,9 +76,8 @@ func EnsureBinaries(ctx context.Context, logf Logf) (*Binaries, error) {
 	if err := buildKwok(ctx, logf, filepath.Dir(b.Kwok)); err != nil {
 		return nil, fmt.Errorf("building kwok %s: %w", KwokVersion, err)
 	}
-	if err := buildKueue(ctx, logf, kueueBinDir()); err != nil {
-		return nil, fmt.Errorf("building kueue %s: %w", KueueVersion, err)
-	}
+	// Kueue is built by StartKueue, the first time a scale run needs it:
+	// the tests and the demo do not.
 	return b, nil
 }
 
@@ -413,7 +412,7 @@ func progress(every time.Duration, report func(elapsed time.Duration)) (stop fun
 // built, so that bringing a cluster up does not start a long build.
 func BinariesCached() bool {
 	b := binaryPaths()
-	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim, b.Kwok, b.KwokStages, filepath.Join(kueueBinDir(), "kueue")} {
+	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim, b.Kwok, b.KwokStages} {
 		if _, err := os.Stat(p); err != nil {
 			return false
 		}
