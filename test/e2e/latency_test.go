@@ -106,24 +106,7 @@ func TestPodStartLatency(t *testing.T) {
 		claim = append(claim, start(claimPod(fmt.Sprintf("claim-%02d", i), "share-512mi")))
 		name := fmt.Sprintf("whole-%02d", i)
 		whole = append(whole, start(claimPod(name, "whole")))
-		if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-			t.Fatal(err)
-		}
-		// Until its claim is gone too: otherwise the next whole-GPU pod
-		// would measure the scheduler's backoff while the GPU is still
-		// allocated.
-		waitFor(t, time.Minute, "pod "+name+" and its claim gone", func(ctx context.Context) (bool, error) {
-			if _, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				return false, nil
-			}
-			claims, err := cluster.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return false, err
-			}
-			return !slices.ContainsFunc(claims.Items, func(c resourceapi.ResourceClaim) bool {
-				return slices.ContainsFunc(c.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Name == name })
-			}), nil
-		})
+		freeWholeGPU(t, ns, name)
 	}
 	pm, cm, wm := median(plain), median(claim), median(whole)
 	ratio, wholeRatio := float64(cm)/float64(pm), float64(cm)/float64(wm)
@@ -143,6 +126,41 @@ func TestPodStartLatency(t *testing.T) {
 			t.Errorf("writing results: %v", err)
 		}
 	}
+}
+
+// freeWholeGPU deletes the whole-GPU pod name and waits until its claim is
+// gone from the API and unprepared on the node. The API frees the GPU
+// before the kubelet unprepares the claim; until then the plugin refuses to
+// prepare the next whole-GPU claim on it (it would be oversubscribed) and
+// the kubelet retries with backoff, which is not pod start latency.
+func freeWholeGPU(t *testing.T, ns, name string) {
+	t.Helper()
+	ctx := t.Context()
+	claims, err := cluster.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, c := range claims.Items {
+		if slices.ContainsFunc(c.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Name == name }) {
+			files = append(files, scenario.ClaimFiles(c.UID)...)
+		}
+	}
+	if len(files) == 0 {
+		t.Fatalf("no prepared files of pod %s's claim on the node", name)
+	}
+	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "pod "+name+"'s claim unprepared", func(ctx context.Context) (bool, error) {
+		for _, f := range files {
+			if _, err := os.Stat(f); err == nil {
+				return false, nil
+			}
+		}
+		_, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
 }
 
 func median(d []time.Duration) time.Duration { return pct(d, 50) }
