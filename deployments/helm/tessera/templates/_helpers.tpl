@@ -173,6 +173,14 @@ config:
 {{- end -}}
 {{- end -}}
 
+{{/* The value of a component's --feature-gates: (dict "set" <the user's
+featureGates> "auto" <gates the chart's other values need>); the user's
+value of a gate wins. Empty when both are. */}}
+{{- define "tessera.featureGates" -}}
+{{- $g := merge (dict) (.set | default dict) (.auto | default dict) -}}
+{{- range $i, $k := keys $g | sortAlpha }}{{ if $i }},{{ end }}{{ $k }}={{ index $g $k }}{{ end -}}
+{{- end -}}
+
 {{/* A component's verbosity: (list override global); 0 is a valid override. */}}
 {{- define "tessera.verbosity" -}}
 {{- if kindIs "invalid" (index . 0) -}}{{ index . 1 }}{{- else -}}{{ index . 0 }}{{- end -}}
