@@ -191,7 +191,7 @@ ClusterRole and the canary's): see controller-rbac.yaml. */}}
 {{- define "tessera.controller.rules" -}}
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
@@ -221,5 +221,5 @@ ClusterRole and the canary's): see controller-rbac.yaml. */}}
   verbs: ["get", "list", "watch"]
 - apiGroups: ["tessera.dev"]
   resources: ["queues/status"]
-  verbs: ["get", "update", "patch"]
+  verbs: ["update", "patch"]
 {{- end -}}
