@@ -177,7 +177,10 @@ config:
 featureGates> "auto" <gates the chart's other values need>); the user's
 value of a gate wins. Empty when both are. */}}
 {{- define "tessera.featureGates" -}}
-{{- $g := merge (dict) (.set | default dict) (.auto | default dict) -}}
+{{- $g := dict -}}
+{{- range $k, $v := (.auto | default dict) }}{{ $_ := set $g $k $v }}{{ end -}}
+{{- /* set, not merge: merge would take a user's false for unset */ -}}
+{{- range $k, $v := (.set | default dict) }}{{ $_ := set $g $k $v }}{{ end -}}
 {{- range $i, $k := keys $g | sortAlpha }}{{ if $i }},{{ end }}{{ $k }}={{ index $g $k }}{{ end -}}
 {{- end -}}
 
