@@ -178,15 +178,15 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	}
 	// Idle reclaim (queues' spec.idle): a leader-only loop of its own,
 	// behind its feature gate.
-	if o.Enabled(featuregates.IdleReclaim) {
-		idler := NewIdleReclaimer(mgr.GetClient(), mgr.GetCache(), reconciler.Recorder, reconciler.Metrics)
-		idler.Informers = mgr.GetCache()
-		idler.Controller = o.ControllerName
-		if err := mgr.Add(idler); err != nil {
-			return nil, fmt.Errorf("idle reclaim: %w", err)
-		}
-	} else {
+	idler := NewIdleReclaimer(mgr.GetClient(), mgr.GetCache(), reconciler.Recorder, reconciler.Metrics)
+	idler.Informers = mgr.GetCache()
+	idler.Controller = o.ControllerName
+	if !o.Enabled(featuregates.IdleReclaim) {
+		idler.Off = true
 		logger.Info("Idle reclaim is off: Queues' spec.idle is ignored", "featureGate", featuregates.IdleReclaim)
+	}
+	if err := mgr.Add(idler); err != nil {
+		return nil, fmt.Errorf("idle reclaim: %w", err)
 	}
 	if whServer != nil {
 		whServer = mgr.GetWebhookServer() // adds it to the manager's runnables
