@@ -19,13 +19,16 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/cli"
 	"github.com/tessera-dev/tessera/pkg/controller"
+	"github.com/tessera-dev/tessera/pkg/features"
 )
 
 func main() {
 	var opts controller.Options
 	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	if code, ok := cli.Parse(fs, "Tessera's queue controller: admits pods labelled tessera.dev/queue by queue quota, fair\nshare and an all-or-nothing simulation of their claims with the scheduler's allocator.", os.Args[1:], os.Stderr); !ok {
+	gates := features.New(features.Controller())
+	opts.Gates = gates
+	if code, ok := cli.Parse(fs, gates, "Tessera's queue controller: admits pods labelled tessera.dev/queue by queue quota, fair\nshare and an all-or-nothing simulation of their claims with the scheduler's allocator.", os.Args[1:], os.Stderr); !ok {
 		os.Exit(code)
 	}
 	opts.Complete(fs.Changed)

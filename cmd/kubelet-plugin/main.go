@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/cli"
+	"github.com/tessera-dev/tessera/pkg/features"
 	"github.com/tessera-dev/tessera/pkg/mps"
 	"github.com/tessera-dev/tessera/pkg/plugin"
 )
@@ -24,7 +25,9 @@ func main() {
 	var opts plugin.Options
 	fs := pflag.NewFlagSet("kubelet-plugin", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	if code, ok := cli.Parse(fs, "Tessera's DRA kubelet plugin for driver gpu.tessera.dev: discovers GPUs, publishes\nResourceSlices and prepares claims into per-claim CDI specs.", os.Args[1:], os.Stderr); !ok {
+	gates := features.New(features.Plugin())
+	opts.Gates = gates
+	if code, ok := cli.Parse(fs, gates, "Tessera's DRA kubelet plugin for driver gpu.tessera.dev: discovers GPUs, publishes\nResourceSlices and prepares claims into per-claim CDI specs.", os.Args[1:], os.Stderr); !ok {
 		os.Exit(code)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -1,7 +1,7 @@
 // Package cli parses the commands' flags the same way in every binary:
 // the command's own flags, Kubernetes' logging flags (k8s.io/component-base:
 // -v, --vmodule, --logging-format=text|json, ...) and --feature-gates for
-// the logging gates; --help to standard error with exit 0, and a bad flag
+// the logging gates and the binary's own (pkg/features); --help to standard error with exit 0, and a bad flag
 // or logging setting reported with its error and the usage, exit 2.
 package cli
 
@@ -23,9 +23,12 @@ import (
 // error (standard output is the commands' own, e.g. --print-slices). It
 // returns ok=false with the exit code when the command must stop: 0 after
 // --help, 2 after a bad flag, whose error and the usage were written to
-// out.
-func Parse(fs *pflag.FlagSet, summary string, args []string, out io.Writer) (code int, ok bool) {
-	gates := featuregate.NewFeatureGate()
+// out. gates holds the binary's own gates (nil: none); --feature-gates
+// sets them and the logging gates, which Parse adds to it.
+func Parse(fs *pflag.FlagSet, gates featuregate.MutableVersionedFeatureGate, summary string, args []string, out io.Writer) (code int, ok bool) {
+	if gates == nil {
+		gates = featuregate.NewFeatureGate()
+	}
 	if err := logsapi.AddFeatureGates(gates); err != nil {
 		panic(err) // the logging gates are known: a programming error
 	}

@@ -30,7 +30,7 @@ func TestParse(t *testing.T) {
 			fs := pflag.NewFlagSet("demo", pflag.ContinueOnError)
 			port := fs.Int("port", 1, "a port")
 			var out bytes.Buffer
-			code, ok := Parse(fs, "Does a demo.", tc.args, &out)
+			code, ok := Parse(fs, nil, "Does a demo.", tc.args, &out)
 			if ok != tc.wantOK || code != tc.wantCode {
 				t.Fatalf("Parse(%v) = %d, %v; want %d, %v\n%s", tc.args, code, ok, tc.wantCode, tc.wantOK, out.String())
 			}

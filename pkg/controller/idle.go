@@ -60,6 +60,8 @@ type IdleReclaimer struct {
 	// Controller is this controller's --controller-name: only its own
 	// queues' policies apply (canary queues: owner.go).
 	Controller string
+	// Off (feature gate IdleReclaim off): every pass ignores spec.idle.
+	Off bool
 
 	mu sync.Mutex
 	// evicted remembers the pods this process evicted until the cache
@@ -128,6 +130,9 @@ func (r *IdleReclaimer) Pass(ctx context.Context) error {
 	policies := map[string]*idle.Policy{}
 	owner := newOwnership(r.Controller, ptrs(queues.Items))
 	for i := range queues.Items {
+		if r.Off {
+			break
+		}
 		q := &queues.Items[i]
 		if !owner.queue(q.Name) {
 			continue

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
@@ -43,6 +44,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	featuregates "github.com/tessera-dev/tessera/pkg/features"
 	"github.com/tessera-dev/tessera/pkg/history"
 	"github.com/tessera-dev/tessera/pkg/installcheck"
 	"github.com/tessera-dev/tessera/pkg/webhook"
@@ -102,7 +104,8 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		LeaseDuration:                 ptr.To(o.LeaderElectionLease),
 		RenewDeadline:                 ptr.To(o.LeaderElectionRenewTime),
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Label: labels.NewSelector().Add(*queued)},
+			&corev1.Pod{}:     {Label: labels.NewSelector().Add(*queued)},
+			&v1alpha1.Queue{}: {Transform: gatedQueueFields(o)},
 		}},
 		WebhookServer: whServer,
 		BaseContext:   func() context.Context { return ctx },
@@ -173,10 +176,15 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 			return nil, fmt.Errorf("usage history: %w", err)
 		}
 	}
-	// Idle reclaim (queues' spec.idle): a leader-only loop of its own.
+	// Idle reclaim (queues' spec.idle): a leader-only loop of its own,
+	// behind its feature gate.
 	idler := NewIdleReclaimer(mgr.GetClient(), mgr.GetCache(), reconciler.Recorder, reconciler.Metrics)
 	idler.Informers = mgr.GetCache()
 	idler.Controller = o.ControllerName
+	if !o.Enabled(featuregates.IdleReclaim) {
+		idler.Off = true
+		logger.Info("Idle reclaim is off: Queues' spec.idle is ignored", "featureGate", featuregates.IdleReclaim)
+	}
 	if err := mgr.Add(idler); err != nil {
 		return nil, fmt.Errorf("idle reclaim: %w", err)
 	}
@@ -365,4 +373,20 @@ func CheckInstall(ctx context.Context, cfg *rest.Config, opts Options, out io.Wr
 		Driver: devicemodel.DriverName, DeviceClasses: opts.CheckInstallDeviceClasses,
 		Namespace: opts.Namespace, Queue: opts.CheckInstallQueue, Image: "registry.k8s.io/pause:3.10",
 	}, out)
+}
+
+// gatedQueueFields is the Queue cache's transform: with
+// TimeBasedFairShare off the controller reads every Queue as if it had no
+// spec.fairSharing.usageWeighting, as the API server drops the fields of a
+// disabled gate (nil: no transform).
+func gatedQueueFields(o Options) toolscache.TransformFunc {
+	if o.Enabled(featuregates.TimeBasedFairShare) {
+		return nil
+	}
+	return func(obj any) (any, error) {
+		if q, ok := obj.(*v1alpha1.Queue); ok && q.Spec.FairSharing != nil {
+			q.Spec.FairSharing.UsageWeighting = nil
+		}
+		return obj, nil
+	}
 }

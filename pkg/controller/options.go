@@ -14,9 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/component-base/featuregate"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/features"
 )
 
 // Webhook configuration modes.
@@ -111,6 +113,14 @@ type Options struct {
 	// spec.controllerName (v1alpha1.DefaultControllerName: those that name
 	// none) and leaves every other pod and queue alone.
 	ControllerName string
+	// Gates are the controller's feature gates (features.Controller), set
+	// by --feature-gates; nil means their defaults.
+	Gates featuregate.FeatureGate
+}
+
+// Enabled says whether one of the controller's feature gates is on.
+func (o *Options) Enabled(f featuregate.Feature) bool {
+	return features.Enabled(o.Gates, features.Controller(), f)
 }
 
 // DefaultNamespace is where the controller keeps its Secret and lease:
@@ -256,6 +266,9 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--usage-half-life, --usage-max-gap and --usage-history-interval must not be negative; --usage-history-days is 0 to 400")
 	}
 	if o.Shadow {
+		if err := features.Require(o.Gates, features.Controller(), features.ShadowMode, "--shadow"); err != nil {
+			return err
+		}
 		if o.WebhookPort != 0 {
 			return fmt.Errorf("--shadow serves no webhooks: leave --webhook-port unset or 0")
 		}
@@ -275,6 +288,9 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--controller-name=%q is not a DNS label (%s): use lower-case letters, digits and '-', at most 63", o.ControllerName, strings.Join(errs, "; "))
 	}
 	if o.ControllerName != v1alpha1.DefaultControllerName {
+		if err := features.Require(o.Gates, features.Controller(), features.CanaryControllers, "--controller-name="+o.ControllerName); err != nil {
+			return err
+		}
 		if o.WebhookPort != 0 {
 			return fmt.Errorf("--controller-name=%s serves no webhooks (the main controller, --controller-name=%s, serves them for every queue): leave --webhook-port unset or 0", o.ControllerName, v1alpha1.DefaultControllerName)
 		}

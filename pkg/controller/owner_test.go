@@ -190,7 +190,8 @@ func TestCanaryOwnership(t *testing.T) {
 }
 
 func TestCanaryOptions(t *testing.T) {
-	base := Options{WebhookPort: 9443, LeaderElectionID: "tessera-controller.tessera.dev", WebhookConfig: WebhookURL, PinNodes: PinAll, ResyncPeriod: time.Second, ApplyWorkers: 1}
+	base := Options{WebhookPort: 9443, LeaderElectionID: "tessera-controller.tessera.dev", WebhookConfig: WebhookURL, PinNodes: PinAll, ResyncPeriod: time.Second, ApplyWorkers: 1,
+		Gates: testGates(t, "CanaryControllers=true")}
 	o := base
 	o.ControllerName = "canary"
 	o.Complete(func(string) bool { return false })
@@ -210,6 +211,10 @@ func TestCanaryOptions(t *testing.T) {
 		{"not a DNS label", func(o *Options) { o.ControllerName = "Canary_1" }, "--controller-name"},
 		{"canary with webhooks", func(o *Options) { o.ControllerName = "canary" }, "--webhook-port"},
 		{"canary on the main lease", func(o *Options) { o.ControllerName = "canary"; o.WebhookPort = 0 }, "lease"},
+		{"canary, gate at its default (off)", func(o *Options) {
+			o.ControllerName, o.WebhookPort, o.LeaderElectionID, o.Gates = "canary", 0, "tessera-controller-canary.tessera.dev", nil
+		}, "--controller-name=canary needs --feature-gates=CanaryControllers=true"},
+		{"main, gate off", func(o *Options) { o.ControllerName, o.Gates = "default", nil }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -306,6 +306,10 @@ func TestShadowOptions(t *testing.T) {
 	if o.WebhookPort != 0 || o.LeaderElectionID != DefaultShadowLease {
 		t.Errorf("shadow: webhook port %d, lease %q", o.WebhookPort, o.LeaderElectionID)
 	}
+	if err := o.Validate(); err == nil || err.Error() != "--shadow needs --feature-gates=ShadowMode=true (the feature is alpha; see docs/compatibility.md#tesseras-feature-gates)" {
+		t.Errorf("shadow with its gate at the default (off): %v", err)
+	}
+	o.Gates = testGates(t, "ShadowMode=true")
 	if err := o.Validate(); err != nil {
 		t.Error(err)
 	}

@@ -12,11 +12,13 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/component-base/featuregate"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/backend"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/features"
 	"github.com/tessera-dev/tessera/pkg/health"
 )
 
@@ -129,6 +131,10 @@ type Options struct {
 	// change it). Empty means /proc/sys/kernel/random/boot_id.
 	BootIDPath string
 
+	// Gates are the plugin's feature gates (features.Plugin), set by
+	// --feature-gates; nil means their defaults.
+	Gates featuregate.FeatureGate
+
 	// crash, when set, is called at named points of prepare and unprepare
 	// (crash-injection tests).
 	crash func(point string)
@@ -197,6 +203,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // DeviceModelConfig validates the options that shape the device model.
 func (o *Options) DeviceModelConfig() (devicemodel.Config, error) {
 	cfg := devicemodel.Config{TimeSlices: o.TimeSlices, MaxSharesPerGPU: o.MaxSharesPerGPU, MIGMode: devicemodel.MIGMode(o.MIGMode)}
+	if cfg.MIGMode == devicemodel.MIGDynamic {
+		if err := features.Require(o.Gates, features.Plugin(), features.DynamicMIG, "--mig-mode=dynamic (the default; --mig-mode=static does not)"); err != nil {
+			return cfg, err
+		}
+	}
 	q, err := resource.ParseQuantity(o.ReservedMemory)
 	if err != nil || q.Sign() < 0 {
 		return cfg, fmt.Errorf("--reserved-memory=%q is not a valid memory size: use a quantity such as 256Mi or 1Gi", o.ReservedMemory)
@@ -262,9 +273,17 @@ func (o *Options) Validate() error {
 	if o.ContainerDriverRoot != "" && o.DriverRoot == "" {
 		return fmt.Errorf("--container-driver-root needs --driver-root: say where the driver is on the host")
 	}
+	if o.MPSControl != "" {
+		if err := features.Require(o.Gates, features.Plugin(), features.PerClaimMPS, "--mps-control"); err != nil {
+			return err
+		}
+	}
 	switch o.MPSMode {
 	case "", MPSInProcess:
 	case MPSPod:
+		if err := features.Require(o.Gates, features.Plugin(), features.MPSDaemonPods, "--mps-mode=pod"); err != nil {
+			return err
+		}
 		if o.MPSControl == "" {
 			return fmt.Errorf("--mps-mode=pod needs --mps-control: the path of nvidia-cuda-mps-control in the daemon pods, or fake with mock GPUs")
 		}

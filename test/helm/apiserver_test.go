@@ -274,11 +274,11 @@ func TestInstallIntoAPIServer(t *testing.T) {
 		return authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Subresource: "driver", Verb: verb, Name: name, Namespace: "team-a"}
 	}
 	for _, c := range []check{
-		{pluginName, claimDriver("associated-node:patch", "gpu.tessera.dev"), true},
+		{pluginName, claimDriver("associated-node:patch", "gpu.tessera.dev"), false},
 		{pluginName, claimDriver("associated-node:update", "gpu.tessera.dev"), true},
 		{pluginName, claimDriver("arbitrary-node:patch", "gpu.tessera.dev"), false},
 		{pluginName, claimDriver("associated-node:patch", "other.example.com"), false},
-		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Subresource: "status", Verb: "patch", Namespace: "team-a"}, true},
+		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Subresource: "status", Verb: "update", Namespace: "team-a"}, true},
 		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Subresource: "binding", Verb: "patch", Namespace: "team-a"}, false},
 		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Verb: "get", Namespace: "team-a"}, true},
 		{pluginName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Verb: "list"}, false},
@@ -291,7 +291,7 @@ func TestInstallIntoAPIServer(t *testing.T) {
 		{controllerName, authorizationv1.ResourceAttributes{Group: "tessera.dev", Resource: "queues", Subresource: "status", Verb: "update", Name: "default"}, true},
 		{controllerName, authorizationv1.ResourceAttributes{Group: "tessera.dev", Resource: "queues", Verb: "update", Name: "default"}, false},
 		{controllerName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Verb: "update", Namespace: "team-a"}, false},
-		{controllerName, authorizationv1.ResourceAttributes{Group: "admissionregistration.k8s.io", Resource: "mutatingwebhookconfigurations", Verb: "patch", Name: "tessera-pod-admission"}, true},
+		{controllerName, authorizationv1.ResourceAttributes{Group: "admissionregistration.k8s.io", Resource: "mutatingwebhookconfigurations", Verb: "update", Name: "tessera-pod-admission"}, true},
 		{controllerName, authorizationv1.ResourceAttributes{Group: "admissionregistration.k8s.io", Resource: "mutatingwebhookconfigurations", Verb: "patch", Name: "someone-else"}, false},
 		{controllerName, authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "update", Name: "tessera-webhook-tls", Namespace: DefaultNamespace}, true},
 		{controllerName, authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "get", Name: "other", Namespace: DefaultNamespace}, false},

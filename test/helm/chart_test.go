@@ -711,7 +711,7 @@ func TestRBAC(t *testing.T) {
 				APIGroups:     []string{"resource.k8s.io"},
 				Resources:     []string{"resourceclaims/driver"},
 				ResourceNames: []string{"gpu.tessera.dev"},
-				Verbs:         []string{"associated-node:update", "associated-node:patch"},
+				Verbs:         []string{"associated-node:update"},
 			}
 			found := false
 			for _, rule := range plugin.Rules {

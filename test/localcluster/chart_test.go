@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -183,5 +184,30 @@ func TestExtractFromImage(t *testing.T) {
 	}
 	if err := extractFromImage(archive, "usr/bin/kubelet-plugin", dst); err == nil {
 		t.Error("a missing file was found")
+	}
+}
+
+// A host-mode controller runs with the gates the chart-mode one gets from
+// the local cluster's values: the same tests pass in both modes.
+func TestControllerFeatureGatesMatchChart(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", helm.LocalClusterValues))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Controller struct {
+			FeatureGates map[string]bool `json:"featureGates"`
+		} `json:"controller"`
+	}
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		t.Fatal(err)
+	}
+	var chart []string
+	for k, on := range v.Controller.FeatureGates {
+		chart = append(chart, k+"="+strconv.FormatBool(on))
+	}
+	slices.Sort(chart)
+	if got := strings.Join(chart, ","); got != ControllerFeatureGates {
+		t.Errorf("%s controller.featureGates = %s; host mode's ControllerFeatureGates = %s", helm.LocalClusterValues, got, ControllerFeatureGates)
 	}
 }

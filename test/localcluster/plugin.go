@@ -321,10 +321,19 @@ func (c *Cluster) StopPlugin() error { return c.stop(compPlugin, 15*time.Second)
 // its copy (deployments/helm/tessera/crds).
 const CRDsDir = "deployments/crds"
 
+// ControllerFeatureGates are the controller's alpha gates a host-mode
+// controller runs with: the policies the end-to-end tests exercise
+// (TestTimeBasedFairShare, TestIdleReclaim). In chart mode
+// deployments/helm/values/localcluster.yaml sets the same
+// (controller.featureGates); the canary and the shadow controller and the
+// MPS daemon pods run in chart mode only, where the chart sets their gates.
+const ControllerFeatureGates = "IdleReclaim=true,TimeBasedFairShare=true"
+
 // StartController starts Tessera's controller and waits until it is ready.
 //
 // In host mode it applies CRDsDir, builds ./cmd/controller and runs it as
-// a host process (`--kubeconfig=<admin> -v=4` plus Options.ControllerArgs);
+// a host process (`--kubeconfig=<admin> -v=4 --feature-gates=<ControllerFeatureGates>`
+// plus Options.ControllerArgs);
 // readiness is only that it is still running after two seconds. In chart
 // mode it enables the controller in the release (`helm upgrade`, which
 // leaves the plugin's pod alone) and waits until the Deployment is
@@ -344,7 +353,7 @@ func (c *Cluster) StartController(ctx context.Context) error {
 	if err := c.goBuild(ctx, bin, "./cmd/controller"); err != nil {
 		return err
 	}
-	args := append([]string{"--kubeconfig=" + c.Kubeconfig, "-v=4"}, c.Opts.ControllerArgs...)
+	args := append([]string{"--kubeconfig=" + c.Kubeconfig, "-v=4", "--feature-gates=" + ControllerFeatureGates}, c.Opts.ControllerArgs...)
 	if err := c.start(compController, bin, args, []string{c.hostPath()}); err != nil {
 		return err
 	}

@@ -173,6 +173,17 @@ config:
 {{- end -}}
 {{- end -}}
 
+{{/* The value of a component's --feature-gates: (dict "set" <the user's
+featureGates> "auto" <gates the chart's other values need>); the user's
+value of a gate wins. Empty when both are. */}}
+{{- define "tessera.featureGates" -}}
+{{- $g := dict -}}
+{{- range $k, $v := (.auto | default dict) }}{{ $_ := set $g $k $v }}{{ end -}}
+{{- /* set, not merge: merge would take a user's false for unset */ -}}
+{{- range $k, $v := (.set | default dict) }}{{ $_ := set $g $k $v }}{{ end -}}
+{{- range $i, $k := keys $g | sortAlpha }}{{ if $i }},{{ end }}{{ $k }}={{ index $g $k }}{{ end -}}
+{{- end -}}
+
 {{/* A component's verbosity: (list override global); 0 is a valid override. */}}
 {{- define "tessera.verbosity" -}}
 {{- if kindIs "invalid" (index . 0) -}}{{ index . 1 }}{{- else -}}{{ index . 0 }}{{- end -}}
@@ -183,7 +194,7 @@ ClusterRole and the canary's): see controller-rbac.yaml. */}}
 {{- define "tessera.controller.rules" -}}
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
@@ -213,5 +224,5 @@ ClusterRole and the canary's): see controller-rbac.yaml. */}}
   verbs: ["get", "list", "watch"]
 - apiGroups: ["tessera.dev"]
   resources: ["queues/status"]
-  verbs: ["get", "update", "patch"]
+  verbs: ["update", "patch"]
 {{- end -}}
