@@ -203,7 +203,11 @@ func KueueWebhooks(manifests []byte, port int, caBundle []byte, namespaceLabel s
 	keep := func(path *string) bool {
 		return path != nil && (strings.Contains(*path, "-kueue-x-k8s-io-") || strings.HasSuffix(*path, kueuePodWebhookPath))
 	}
-	clientConfig := func(cc *admissionv1.WebhookClientConfig) (bool, error) {
+	selector := &metav1.LabelSelector{MatchLabels: map[string]string{key: value}}
+	// rewrite points a webhook Kueue serves at 127.0.0.1 with the harness's
+	// CA, and restricts the pod webhooks to the labelled namespaces; keep is
+	// false for a webhook Kueue does not serve here.
+	rewrite := func(cc *admissionv1.WebhookClientConfig, namespaces **metav1.LabelSelector) (bool, error) {
 		if cc.Service == nil {
 			return false, errors.New("kueue webhook manifest: a webhook without a service client configuration")
 		}
@@ -213,9 +217,11 @@ func KueueWebhooks(manifests []byte, port int, caBundle []byte, namespaceLabel s
 		}
 		url := fmt.Sprintf("https://127.0.0.1:%d%s", port, *path)
 		*cc = admissionv1.WebhookClientConfig{URL: &url, CABundle: caBundle}
-		return strings.HasSuffix(*path, kueuePodWebhookPath), nil
+		if strings.HasSuffix(*path, kueuePodWebhookPath) {
+			*namespaces = selector
+		}
+		return true, nil
 	}
-	selector := &metav1.LabelSelector{MatchLabels: map[string]string{key: value}}
 	var (
 		mut *admissionv1.MutatingWebhookConfiguration
 		val *admissionv1.ValidatingWebhookConfiguration
@@ -241,17 +247,11 @@ func KueueWebhooks(manifests []byte, port int, caBundle []byte, namespaceLabel s
 			}
 			var hooks []admissionv1.MutatingWebhook
 			for _, h := range mut.Webhooks {
-				pods, err := clientConfig(&h.ClientConfig)
-				if err != nil {
+				if keep, err := rewrite(&h.ClientConfig, &h.NamespaceSelector); err != nil {
 					return nil, nil, err
+				} else if keep {
+					hooks = append(hooks, h)
 				}
-				if h.ClientConfig.URL == nil {
-					continue
-				}
-				if pods {
-					h.NamespaceSelector = selector
-				}
-				hooks = append(hooks, h)
 			}
 			mut.Name, mut.Webhooks = "kueue-mutating-webhook-configuration", hooks
 		case "ValidatingWebhookConfiguration":
@@ -261,17 +261,11 @@ func KueueWebhooks(manifests []byte, port int, caBundle []byte, namespaceLabel s
 			}
 			var hooks []admissionv1.ValidatingWebhook
 			for _, h := range val.Webhooks {
-				pods, err := clientConfig(&h.ClientConfig)
-				if err != nil {
+				if keep, err := rewrite(&h.ClientConfig, &h.NamespaceSelector); err != nil {
 					return nil, nil, err
+				} else if keep {
+					hooks = append(hooks, h)
 				}
-				if h.ClientConfig.URL == nil {
-					continue
-				}
-				if pods {
-					h.NamespaceSelector = selector
-				}
-				hooks = append(hooks, h)
 			}
 			val.Name, val.Webhooks = "kueue-validating-webhook-configuration", hooks
 		case "":
