@@ -36,6 +36,8 @@ type Config struct {
 	// MIGPods is the size of the dynamic-MIG workload (m) and of its
 	// share baseline (mig.go); 0 leaves both out.
 	MIGPods int
+	// NoPeer leaves out the comparison with Kueue (kueue.go).
+	NoPeer bool
 	// Timeout bounds each workload (creation until every pod is bound).
 	Timeout time.Duration
 	// Workers is how many pods the harness creates in parallel.

@@ -52,7 +52,7 @@ func (r *Report) Find(name string) *Result {
 // a workload fails it returns the error and, with it, the report of the
 // workloads measured before (Report.Failed says which one stopped it).
 func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (*Report, error) {
-	return onCluster(ctx, cfg, logf, func(ctx context.Context, h *harness, _ *localcluster.Cluster, rep *Report) error {
+	return onCluster(ctx, cfg, logf, func(ctx context.Context, h *harness, cl *localcluster.Cluster, rep *Report) error {
 		for _, w := range workloads(cfg) {
 			run, err := h.measure(ctx, w)
 			if err != nil {
@@ -63,7 +63,11 @@ func Run(ctx context.Context, cfg Config, logf localcluster.Logf) (*Report, erro
 			}
 			rep.Runs = append(rep.Runs, run)
 		}
-		return nil
+		// Last: the peer comparison with Kueue, which is stopped after it.
+		if cfg.NoPeer {
+			return nil
+		}
+		return runPeer(ctx, h, cl, rep)
 	})
 }
 
@@ -126,10 +130,6 @@ func onCluster(ctx context.Context, cfg Config, logf localcluster.Logf, body fun
 	}
 	rep.ProfileDir = h.profileDir
 	if err := body(ctx, h, cl, rep); err != nil {
-		return rep, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
-	}
-	// Last: the peer comparison with Kueue, which is stopped after it.
-	if err := runPeer(ctx, h, cl, rep); err != nil {
 		return rep, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
 	}
 	return rep, nil
