@@ -159,6 +159,12 @@ func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		// A shadow writes no status.
 		refresh = a.accounting && a.Shadow == nil && sinceStatus >= a.Opts.StatusInterval
 	}
+	if trigger != "" || refresh {
+		// Cleared before the snapshot is read, not after the status is
+		// computed: a change that lands meanwhile sets it again and is
+		// refreshed next time instead of being lost.
+		a.accounting = false
+	}
 	a.triggers, a.first = nil, ""
 	a.mu.Unlock()
 	if trigger == "" {
@@ -330,7 +336,6 @@ func (a *Reconciler) decide(ctx context.Context, snap *decide.Snapshot, trigger 
 	a.mu.Lock()
 	a.last = time.Now()
 	a.lastStatus = a.last
-	a.accounting = false
 	a.mu.Unlock()
 	a.Metrics.cycle(trigger)
 	return d, nil
@@ -351,7 +356,6 @@ func (a *Reconciler) refreshStatus(ctx context.Context) error {
 	}
 	a.mu.Lock()
 	a.lastStatus = time.Now()
-	a.accounting = false
 	a.mu.Unlock()
 	start := time.Now()
 	a.updateQueues(ctx, snap, st.Queues)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
@@ -43,11 +44,23 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 
 	return n
 }
 
-// TestStatusRefreshWithoutCycles checks that with no pod gated, pods and
-// claims that change run no decision cycle (no cycle counted, no cycle
-// timed) while queue status still follows the allocations, through status
-// refreshes counted apart; and that a gated pod still gets its cycle.
-func TestStatusRefreshWithoutCycles(t *testing.T) {
+// refreshEnv is a Reconciler on a fake API with nothing gated, and the
+// scheduler, kubelet and kubelet plugin played by hand: start runs a pod
+// of queue "team" with its claim allocated, end ends it, sample reports a
+// claim's usage. Every change goes through the Reconciler's Handler.
+type refreshEnv struct {
+	start  func(name, mem string)
+	end    func(name string)
+	sample func(name string, used uint64)
+	a      *Reconciler
+	c      client.Client
+	reg    *prometheus.Registry
+	q      workqueue.TypedRateLimitingInterface[reconcile.Request]
+	h      handler.EventHandler
+}
+
+func newRefreshEnv(t *testing.T, reader func(client.Client) client.Reader) *refreshEnv {
+	t.Helper()
 	scheme, err := NewScheme()
 	if err != nil {
 		t.Fatal(err)
@@ -66,12 +79,12 @@ func TestStatusRefreshWithoutCycles(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
 		WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}, &resourceapi.ResourceClaim{}).Build()
 	reg := prometheus.NewRegistry()
-	a := &Reconciler{Client: c, Reader: c, Recorder: events.NewFakeRecorder(100),
+	a := &Reconciler{Client: c, Reader: reader(c), Recorder: events.NewFakeRecorder(100),
 		Engine:  decide.NewEngine(decide.Config{Features: allocation.SchedulerFeatures}),
 		Metrics: NewMetrics(reg), Opts: Options{ResyncPeriod: time.Hour, ApplyWorkers: 4, PinNodes: PinAll, StalePinGrace: time.Minute}}
 	ctx := context.Background()
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
-	defer q.ShutDown()
+	t.Cleanup(q.ShutDown)
 	h := a.Handler()
 	state := allocation.NewState()
 
@@ -152,6 +165,17 @@ func TestStatusRefreshWithoutCycles(t *testing.T) {
 		h.Update(ctx, event.UpdateEvent{ObjectOld: old, ObjectNew: &cl}, q)
 	}
 
+	return &refreshEnv{start: start, end: end, sample: sample, a: a, c: c, reg: reg, q: q, h: h}
+}
+
+// TestStatusRefreshWithoutCycles checks that with no pod gated, pods and
+// claims that change run no decision cycle (no cycle counted, no cycle
+// timed) while queue status still follows the allocations, through status
+// refreshes counted apart; and that a gated pod still gets its cycle.
+func TestStatusRefreshWithoutCycles(t *testing.T) {
+	e := newRefreshEnv(t, func(c client.Client) client.Reader { return c })
+	start, end, sample, a, c, reg, q, h := e.start, e.end, e.sample, e.a, e.c, e.reg, e.q, e.h
+	ctx := context.Background()
 	for i, step := range []struct {
 		name     string
 		do       func()
@@ -222,5 +246,59 @@ func TestStatusRefreshWithoutCycles(t *testing.T) {
 	}
 	if decide.HasAdmissionGate(g) {
 		t.Error("the gated pod was not admitted by its cycle")
+	}
+}
+
+// listHook calls after once, right after the first claim list that
+// follows arming it: a change that lands while a refresh is running.
+type listHook struct {
+	client.Reader
+	armed bool
+	after func()
+}
+
+func (r *listHook) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	err := r.Reader.List(ctx, list, opts...)
+	if _, ok := list.(*resourceapi.ResourceClaimList); ok && r.armed {
+		r.armed = false
+		r.after()
+	}
+	return err
+}
+
+// TestStatusRefreshKeepsChangeDuringIt checks that a usage sample that
+// arrives after a refresh read its snapshot is refreshed next time rather
+// than lost (the change is marked while the refresh runs; clearing the mark
+// when the refresh ends lost it, and queue status stayed stale until the
+// next unrelated change).
+func TestStatusRefreshKeepsChangeDuringIt(t *testing.T) {
+	hook := &listHook{}
+	e := newRefreshEnv(t, func(c client.Client) client.Reader { hook.Reader = c; return hook })
+	ctx := context.Background()
+	e.start("a", "12Gi")
+	hook.armed, hook.after = true, func() { e.sample("a", 3<<30) }
+	if _, err := e.a.Reconcile(ctx, CycleRequest); err != nil {
+		t.Fatal(err)
+	}
+	if hook.armed {
+		t.Fatal("the refresh listed no claims")
+	}
+	used := func() string {
+		var q v1alpha1.Queue
+		if err := e.c.Get(ctx, client.ObjectKey{Name: "team"}, &q); err != nil {
+			t.Fatal(err)
+		}
+		u := q.Status.Used[v1alpha1.ResourceGPUMemory]
+		return u.String()
+	}
+	if got := used(); got != "0" {
+		t.Fatalf("the first refresh saw the sample its snapshot missed: used %s", got)
+	}
+	res, err := e.a.Reconcile(ctx, CycleRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := used(); got != "3Gi" {
+		t.Errorf("after the next wake-up queue status shows used %s, want 3Gi (result %+v)", got, res)
 	}
 }
