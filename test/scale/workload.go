@@ -3,6 +3,7 @@ package scale
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -339,8 +340,67 @@ func (h *harness) pendingReasons(ctx context.Context, ns string) string {
 	if len(out) > 5 {
 		out = out[:5]
 	}
-	return "unbound: " + strings.Join(out, "; ")
+	return "unbound: " + strings.Join(out, "; ") + h.replacedPods(ctx, ns)
 }
+
+// replacedPods names the pods of ns that Tessera's controller replaced
+// because their pin went stale (its StalePin events: a bare pod is gone
+// then, and the wait above counts it as unbound) and, for each node they
+// were pinned to, the claims the API shows allocated there and the node's
+// ResourceSlices: what the scheduler found taken.
+func (h *harness) replacedPods(ctx context.Context, ns string) string {
+	evs, err := h.cs.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=StalePin"})
+	if err != nil || len(evs.Items) == 0 {
+		return ""
+	}
+	var out []string
+	nodes := map[string]bool{}
+	for _, e := range evs.Items {
+		if e.Reason != "StalePin" {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s replaced: %s", e.Regarding.Name, e.Note))
+		if m := pinnedNodeRE.FindStringSubmatch(e.Note); m != nil {
+			nodes[m[1]] = true
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	claims, err := h.cs.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "; " + strings.Join(append(out, err.Error()), "; ")
+	}
+	slices, err := h.cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "; " + strings.Join(append(out, err.Error()), "; ")
+	}
+	for node := range nodes {
+		var held []string
+		for _, c := range claims.Items {
+			if c.Status.Allocation == nil {
+				continue
+			}
+			for _, r := range c.Status.Allocation.Devices.Results {
+				if r.Pool == node {
+					held = append(held, fmt.Sprintf("%s/%s: %s (reserved for %d)", c.Namespace, c.Name, r.Device, len(c.Status.ReservedFor)))
+				}
+			}
+		}
+		var pools []string
+		for _, s := range slices.Items {
+			if s.Spec.Pool.Name == node {
+				pools = append(pools, fmt.Sprintf("%s generation %d, %d devices", s.Name, s.Spec.Pool.Generation, len(s.Spec.Devices)))
+			}
+		}
+		sort.Strings(held)
+		out = append(out, fmt.Sprintf("node %s: %d devices allocated in the API [%s]; slices [%s]", node, len(held), strings.Join(held, ", "), strings.Join(pools, ", ")))
+	}
+	return "; " + strings.Join(out, "; ")
+}
+
+// pinnedNodeRE finds the node in a StalePin event's note.
+var pinnedNodeRE = regexp.MustCompile(`pinned to node (\S+?),`)
 
 func (h *harness) createNamespace(ctx context.Context, ns string, labels map[string]string) error {
 	if err := h.deleteNamespace(ctx, ns); err != nil { // left by an interrupted run
