@@ -95,6 +95,7 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		p("| no decision cycle in (a'), where no pod is gated | %.0f cycles (%.0f queue status refreshes) | %s |\n", a2.Cycle["decide"].Count, a2.StatusRefresh.Count, verdict(a2.Cycle["decide"].Count == 0))
 	}
 
+	writeCPUBudget(p, rep, runtime.NumCPU())
 	writePeer(p, rep)
 	p("\n### Absolute figures\n\n")
 	p("| workload | pods | created in | all bound | pods bound/s | Tessera controller writes/s | API server writes/s | API server requests/s | scheduling attempt p50 / p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -341,4 +342,36 @@ func scaleSmoke(ctx context.Context, r *report) error {
 	r.printf("\n%s", section)
 	r.targets = append(r.targets, target{what: what, goal: goal, measured: "ran", verdict: "met"})
 	return nil
+}
+
+// writeCPUBudget says what bounds (a) against (a'): every component shares
+// this machine's cores, and when they are busy all the time a workload
+// takes its CPU time divided by the cores. It gives each one's CPU time,
+// the cores it kept busy on average, the API server's share, and what the
+// other components would have to stay under for (a) to reach 0.6x (a')
+// with the API server's CPU per pod as measured.
+func writeCPUBudget(p func(string, ...any), rep *scale.Report, cores int) {
+	a, a2 := rep.Find("shares"), rep.Find("claims")
+	if a == nil || a2 == nil || len(a.Usage) == 0 || len(a2.Usage) == 0 {
+		return
+	}
+	total := func(r *scale.Result) time.Duration {
+		var t time.Duration
+		for _, u := range r.Usage {
+			t += u.CPU
+		}
+		return t
+	}
+	perPod := func(d time.Duration, r *scale.Result) float64 { return d.Seconds() * 1000 / float64(r.Pods) }
+	p("\n**What bounds (a) against (a').** Every component runs on this machine's %d cores; while they are all busy, a workload takes about its CPU time divided by the cores, whatever Tessera saves one component. CPU time of the components (the harness not counted) from the first create call until the last pod was bound:\n\n", cores)
+	p("| workload | CPU s, all components | per pod | cores busy on average | kube-apiserver per pod | kube-scheduler per pod |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, r := range []*scale.Result{a2, a} {
+		t := total(r)
+		p("| %s | %.1f | %.1f ms | %.2f of %d | %.1f ms | %.1f ms |\n", r.Title, t.Seconds(), perPod(t, r), t.Seconds()/r.AllBound.Seconds(), cores,
+			perPod(r.Usage["kube-apiserver"].CPU, r), perPod(r.Usage["kube-scheduler"].CPU, r))
+	}
+	budget := 0.6 * perPod(total(a2), a2)
+	api := perPod(a.Usage["kube-apiserver"].CPU, a)
+	p("\nCPU per pod, (a) ÷ (a'): **%.2fx** (time: %.2fx). For (a) to take 0.6x the time of (a') on a machine this busy, (a) may use %.1f ms of CPU per pod in all; the API server alone used %.1f ms per pod in (a), which leaves %.1f ms for everything else (it used %.1f ms).\n",
+		perPod(total(a), a)/perPod(total(a2), a2), a.AllBound.Seconds()/a2.AllBound.Seconds(), budget, api, budget-api, perPod(total(a), a)-api)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -49,5 +50,30 @@ func TestMIGRatios(t *testing.T) {
 	}
 	if migSetup(scale.Config{}) != "" || !strings.Contains(migSetup(scale.Small()), "100 pods") {
 		t.Errorf("setup sentence: %q / %q", migSetup(scale.Config{}), migSetup(scale.Small()))
+	}
+}
+
+func TestCPUBudget(t *testing.T) {
+	run := func(name string, bound time.Duration, api, other time.Duration) *scale.Result {
+		return &scale.Result{Name: name, Title: name, Pods: 1000, AllBound: bound,
+			Usage: map[string]scale.Usage{"kube-apiserver": {CPU: api}, "kube-scheduler": {CPU: other}}}
+	}
+	var doc strings.Builder
+	p := func(f string, args ...any) { fmt.Fprintf(&doc, f, args...) }
+	writeCPUBudget(p, &scale.Report{Runs: []*scale.Result{run("plain", time.Second, 0, 0)}}, 2)
+	if doc.Len() != 0 {
+		t.Errorf("wrote %q without (a) and (a')", doc.String())
+	}
+	// (a'): 100 ms per pod in all over 50 s; (a): 75 ms per pod over 40 s.
+	writeCPUBudget(p, &scale.Report{Runs: []*scale.Result{run("claims", 50*time.Second, 40*time.Second, 60*time.Second), run("shares", 40*time.Second, 45*time.Second, 30*time.Second)}}, 2)
+	for _, want := range []string{
+		"| claims | 100.0 | 100.0 ms | 2.00 of 2 | 40.0 ms | 60.0 ms |",
+		"| shares | 75.0 | 75.0 ms | 1.88 of 2 | 45.0 ms | 30.0 ms |",
+		"**0.75x** (time: 0.80x)",
+		"may use 60.0 ms of CPU per pod in all; the API server alone used 45.0 ms per pod in (a), which leaves 15.0 ms for everything else (it used 30.0 ms)",
+	} {
+		if !strings.Contains(doc.String(), want) {
+			t.Errorf("%s\nlacks %q", doc.String(), want)
+		}
 	}
 }
