@@ -36,6 +36,7 @@ func main() {
 	defer stop()
 	logger := klog.Background()
 	ctx = klog.NewContext(ctx, logger)
+	cli.SetMemoryLimit(ctx)
 	ctrl.SetLogger(logger) // controller-runtime's packages log through it
 	if err := run(ctx, opts); err != nil {
 		fmt.Fprintf(os.Stderr, "controller: %v\n", err)

@@ -34,6 +34,7 @@ func main() {
 	defer stop()
 	logger := klog.Background()
 	ctx = klog.NewContext(ctx, logger)
+	cli.SetMemoryLimit(ctx)
 
 	var err error
 	switch {
