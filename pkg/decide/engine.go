@@ -28,6 +28,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -400,6 +401,7 @@ func (c *cycle) chargeAdmitted() error {
 		infos []claimInfo
 	}
 	var toPlace []replace
+	drifted := c.driftedNodes()
 	for _, w := range c.admitted {
 		w.claims = map[*corev1.Pod][]demand.PodClaim{}
 		for _, p := range w.Pods {
@@ -438,7 +440,7 @@ func (c *cycle) chargeAdmitted() error {
 					// A status refresh: charged what was reserved.
 					w.Charge = w.Charge.Add(r.charge)
 					infos = append(infos, claimInfo{pc: pc, settled: true})
-				case r != nil && c.placer.byName[r.node] != nil:
+				case r != nil && c.placer.byName[r.node] != nil && !drifted[r.node]:
 					sn := c.placer.byName[r.node]
 					c.placer.add(sn, &r.result)
 					c.seen[pc.Key] = true
@@ -493,6 +495,48 @@ func (c *cycle) chargeAdmitted() error {
 		}
 	}
 	return nil
+}
+
+// driftedNodes are the nodes where the scheduler allocated an admitted
+// claim on other devices than its reservation named. It picks the first
+// free device in its own view, and the gates of a cycle come off in
+// parallel, so the pod admitted last may get the device reserved for the
+// first: the reservations left on that node may name devices that are
+// taken now, and counting a device once for two claims would show a full
+// node with room. Their claims are placed again on their node instead
+// (chargeAdmitted), after every allocation is counted.
+func (c *cycle) driftedNodes() map[string]bool {
+	drifted := map[string]bool{}
+	if c.placer == nil {
+		return drifted
+	}
+	for _, w := range c.admitted {
+		for _, p := range w.Pods {
+			pcs, err := demand.PodClaims(p, c.objs)
+			if err != nil {
+				continue
+			}
+			for _, pc := range pcs {
+				if r := c.e.reservations[pc.Key]; r != nil && pc.Allocated() && !sameDevices(&r.result, pc.Claim.Status.Allocation) {
+					drifted[r.node] = true
+				}
+			}
+		}
+	}
+	return drifted
+}
+
+// sameDevices says whether two allocations name the same devices (shares
+// of a device count as the device).
+func sameDevices(a, b *resourceapi.AllocationResult) bool {
+	ids := func(r *resourceapi.AllocationResult) map[structured.DeviceID]int {
+		m := map[structured.DeviceID]int{}
+		for _, d := range r.Devices.Results {
+			m[structured.MakeDeviceID(d.Driver, d.Pool, d.Device)]++
+		}
+		return m
+	}
+	return maps.Equal(ids(a), ids(b))
 }
 
 // chargeEstimates charges w the estimate of every claim of infos not
