@@ -29,8 +29,8 @@ import (
 // apply carries out a decision: admissions first (all members of a
 // workload ungated back to back, workloads in decision order, so that the
 // scheduler sees them in that order), then evictions, then the reasons on
-// waiting pods and the queue status. It returns true when reasons are left
-// for a later cycle.
+// waiting pods and the queue status. It returns true when reasons or a
+// queue's status are left for a later cycle.
 func (a *Reconciler) apply(ctx context.Context, snap *decide.Snapshot, d *decide.Decision) bool {
 	logger := klog.FromContext(ctx)
 	nodes := map[string]bool{}
@@ -141,7 +141,9 @@ func (a *Reconciler) apply(ctx context.Context, snap *decide.Snapshot, d *decide
 		}
 		a.Recorder.Eventf(j.p, nil, typ, j.v.Reason, "Queue", j.v.Message)
 	})
-	a.updateQueues(ctx, snap, d.Queues)
+	if !a.updateQueues(ctx, snap, d.Queues) {
+		more = true
+	}
 	return more
 }
 
@@ -370,7 +372,12 @@ func (a *Reconciler) setConditions(ctx context.Context, p *corev1.Pod, now metav
 
 // updateQueues writes the status of every queue that changed (statuses:
 // a cycle's or a status refresh's, by name).
-func (a *Reconciler) updateQueues(ctx context.Context, snap *decide.Snapshot, statuses map[string]*v1alpha1.QueueStatus) {
+//
+// It returns false when a write failed (a conflict with the history
+// keeper's own status write included): the caller writes again later, since
+// with nothing gated no cycle comes by to do it.
+func (a *Reconciler) updateQueues(ctx context.Context, snap *decide.Snapshot, statuses map[string]*v1alpha1.QueueStatus) bool {
+	ok := true
 	problems := decide.QueueProblems(snap.Queues)
 	owners := queue.Owners(snap.Queues)
 	queues := append([]*v1alpha1.Queue(nil), snap.Queues...)
@@ -397,10 +404,14 @@ func (a *Reconciler) updateQueues(ctx context.Context, snap *decide.Snapshot, st
 		}
 		target := q.DeepCopy()
 		target.Status = *next
-		if err := a.Client.Status().Update(ctx, target); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			klog.FromContext(ctx).Error(err, "Updating queue status failed", "queue", q.Name)
+		if err := a.Client.Status().Update(ctx, target); err != nil && !apierrors.IsNotFound(err) {
+			ok = false
+			if !apierrors.IsConflict(err) {
+				klog.FromContext(ctx).Error(err, "Updating queue status failed; written again later", "queue", q.Name)
+			}
 		}
 	}
+	return ok
 }
 
 func childrenOf(name string, qs []*v1alpha1.Queue) []string { return queue.Children(name, qs) }

@@ -232,7 +232,7 @@ func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		"waiting", d.Stats.Waiting, "invalid", d.Stats.Invalid, "evicted", d.Stats.Evicted, "decide", d.Stats.Duration, "apply", time.Since(start))
 	a.Metrics.observe(snap, d, time.Since(start))
 	if more {
-		// Reasons left to write: come back soon.
+		// Reasons or queue status left to write: come back soon.
 		a.Trigger(TriggerRetry)
 		return reconcile.Result{RequeueAfter: max(a.Opts.CycleInterval, time.Second)}, nil
 	}
@@ -358,7 +358,11 @@ func (a *Reconciler) refreshStatus(ctx context.Context) error {
 	a.lastStatus = time.Now()
 	a.mu.Unlock()
 	start := time.Now()
-	a.updateQueues(ctx, snap, st.Queues)
+	if !a.updateQueues(ctx, snap, st.Queues) {
+		a.mu.Lock()
+		a.accounting = true // written again after --status-interval
+		a.mu.Unlock()
+	}
 	klog.FromContext(ctx).V(2).Info("Queue status refresh", "queues", len(st.Queues), "compute", st.Duration, "write", time.Since(start))
 	a.Metrics.statusRefresh(snap, st)
 	return nil

@@ -3,12 +3,14 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
@@ -300,5 +302,59 @@ func TestStatusRefreshKeepsChangeDuringIt(t *testing.T) {
 	}
 	if got := used(); got != "3Gi" {
 		t.Errorf("after the next wake-up queue status shows used %s, want 3Gi (result %+v)", got, res)
+	}
+}
+
+// conflictOnce fails the first status update of a Queue with a conflict,
+// as the history keeper's own status write can make it.
+type conflictOnce struct {
+	client.Client
+	failed bool
+}
+
+func (c *conflictOnce) Status() client.SubResourceWriter {
+	return &conflictWriter{c.Client.Status(), c}
+}
+
+type conflictWriter struct {
+	client.SubResourceWriter
+	c *conflictOnce
+}
+
+func (w *conflictWriter) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	if q, ok := obj.(*v1alpha1.Queue); ok && !w.c.failed {
+		w.c.failed = true
+		return apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("queues").GroupResource(), q.Name, errors.New("the object has been modified"))
+	}
+	return w.SubResourceWriter.Update(ctx, obj, opts...)
+}
+
+// TestStatusRefreshRetriesConflict checks that a queue status write that
+// conflicts is written again: with nothing gated no cycle comes by later.
+func TestStatusRefreshRetriesConflict(t *testing.T) {
+	e := newRefreshEnv(t, func(c client.Client) client.Reader { return c })
+	w := &conflictOnce{Client: e.c}
+	e.a.Client = w
+	ctx := context.Background()
+	e.start("a", "12Gi")
+	res, err := e.a.Reconcile(ctx, CycleRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.failed {
+		t.Fatal("no queue status was written")
+	}
+	if res.RequeueAfter <= 0 {
+		t.Errorf("after a conflicting write the controller asks no wake-up: %+v", res)
+	}
+	if _, err := e.a.Reconcile(ctx, CycleRequest); err != nil {
+		t.Fatal(err)
+	}
+	var q v1alpha1.Queue
+	if err := e.c.Get(ctx, client.ObjectKey{Name: "team"}, &q); err != nil {
+		t.Fatal(err)
+	}
+	if mem := q.Status.Allocated[v1alpha1.ResourceGPUMemory]; mem.String() != "12Gi" {
+		t.Errorf("queue status allocated %s after the retry, want 12Gi", mem.String())
 	}
 }
