@@ -401,7 +401,6 @@ func (c *cycle) chargeAdmitted() error {
 		infos []claimInfo
 	}
 	var toPlace []replace
-	drifted := c.driftedNodes()
 	for _, w := range c.admitted {
 		w.claims = map[*corev1.Pod][]demand.PodClaim{}
 		for _, p := range w.Pods {
@@ -411,6 +410,15 @@ func (c *cycle) chargeAdmitted() error {
 				continue
 			}
 			w.claims[p] = pcs
+		}
+	}
+	drifted := c.driftedNodes()
+	for _, w := range c.admitted {
+		for _, p := range w.Pods {
+			pcs, ok := w.claims[p]
+			if !ok {
+				continue
+			}
 			var infos []claimInfo
 			needs := false
 			for _, pc := range pcs {
@@ -504,18 +512,15 @@ func (c *cycle) chargeAdmitted() error {
 // first: the reservations left on that node may name devices that are
 // taken now, and counting a device once for two claims would show a full
 // node with room. Their claims are placed again on their node instead
-// (chargeAdmitted), after every allocation is counted.
+// (chargeAdmitted), after every allocation is counted. It reads the claims
+// chargeAdmitted resolved (w.claims).
 func (c *cycle) driftedNodes() map[string]bool {
 	drifted := map[string]bool{}
 	if c.placer == nil {
 		return drifted
 	}
 	for _, w := range c.admitted {
-		for _, p := range w.Pods {
-			pcs, err := demand.PodClaims(p, c.objs)
-			if err != nil {
-				continue
-			}
+		for _, pcs := range w.claims {
 			for _, pc := range pcs {
 				if r := c.e.reservations[pc.Key]; r != nil && pc.Allocated() && !sameDevices(&r.result, pc.Claim.Status.Allocation) {
 					drifted[r.node] = true

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tesserav1 "github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/controller"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 
@@ -349,14 +350,14 @@ func (h *harness) pendingReasons(ctx context.Context, ns string) string {
 // were pinned to, the claims the API shows allocated there and the node's
 // ResourceSlices: what the scheduler found taken.
 func (h *harness) replacedPods(ctx context.Context, ns string) string {
-	evs, err := h.cs.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=StalePin"})
+	evs, err := h.cs.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + controller.ReasonStalePin})
 	if err != nil || len(evs.Items) == 0 {
 		return ""
 	}
 	var out []string
 	nodes := map[string]bool{}
 	for _, e := range evs.Items {
-		if e.Reason != "StalePin" {
+		if e.Reason != controller.ReasonStalePin {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s replaced: %s", e.Regarding.Name, e.Note))
