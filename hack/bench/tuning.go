@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/tessera-dev/tessera/hack/internal/docsection"
@@ -75,8 +77,9 @@ type runMeta struct {
 
 // tuningSection is the tuning section (between the markers): per setting
 // and workload the time until all pods were bound, the rate, the CPU of
-// kube-scheduler and of Tessera's controller per pod, and the ratio of the
-// time until all bound against the default's, first and again last.
+// kube-scheduler and of Tessera's controller per pod, the ratio of the time
+// until all bound against the defaults' median, and whether it lies outside
+// the defaults' range.
 func tuningSection(rep *scale.Report, settings []scale.Setting, m runMeta) string {
 	var b bytes.Buffer
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
@@ -89,7 +92,7 @@ func tuningSection(rep *scale.Report, settings []scale.Setting, m runMeta) strin
 	p("Each setting changes one knob against the defaults: kube-scheduler is restarted with a KubeSchedulerConfiguration (and gates) for it, Tessera's controller with its flags; then %d pods with a %s share claim each are created, without queues (a', only the scheduler and DRA) and in %d of Tessera's queues (a); Tessera's settings only matter to (a). ",
 		cfg.Pods, cfg.Share, cfg.Queues)
 	p("Times run from the first create call until the harness saw the last pod bound; CPU is `/proc` user + system of every process of the component over the same span, per bound pod. ")
-	p("**One run on a shared, noisy 2-core machine**: the ratios are against the default measured in the same run, and the default measured again last shows how far the same setting moves between two measurements of one run; a ratio within that spread is no effect.\n\n")
+	p("**One run on a shared, noisy 2-core machine**: the defaults are measured first, in the middle and last, and a setting shows an effect only where its time lies further from the median of the defaults' times for the same workload than twice their spread (the largest distance of a default run from that median); a time outside their range but within that is only a \"perhaps\" (three runs of one setting leave a fourth outside their range half the time), and within their range this run cannot tell a setting from noise. Ratios are against the defaults' median.\n\n")
 	if cfg.Nodes < minNodesToFind {
 		p("With %d nodes, fewer than the %d that kube-scheduler always looks for, `percentageOfNodesToScore` changes nothing: its rows show this run's noise.\n\n", cfg.Nodes, minNodesToFind)
 	}
@@ -99,30 +102,107 @@ func tuningSection(rep *scale.Report, settings []scale.Setting, m runMeta) strin
 	if rep.Failed != "" {
 		p("**The run stopped early**: %s. The settings before it are below; the rest were not measured.\n\n", rep.Failed)
 	}
-	p("| setting | value | how it is set | workload | all bound | pods bound/s | kube-scheduler CPU / pod | Tessera controller CPU / pod | all bound vs default (first / again) |\n|---|---|---|---|---:|---:|---:|---:|---:|\n")
-	last := settings[len(settings)-1].Name
+	label := func(w string) string {
+		return map[string]string{"claims": "(a') no queue", "shares": fmt.Sprintf("(a) %d queues", cfg.Queues)}[w]
+	}
+	base := map[string]baseline{}
+	for _, w := range []string{"claims", "shares"} {
+		b := baselineOf(rep, settings, w)
+		if len(b.times) == 0 {
+			continue
+		}
+		base[w] = b
+		if len(b.times) == 1 {
+			p("The defaults, %s: all bound in %s (measured once: no range).\n", label(w), secs(b.median))
+			continue
+		}
+		p("The defaults, %s: all bound in %s (median %s, range %s to %s).\n", label(w), joinSecs(b.times), secs(b.median), secs(b.min), secs(b.max))
+	}
+	p("\n| setting | value | how it is set | workload | all bound | pods bound/s | kube-scheduler CPU / pod | Tessera controller CPU / pod | all bound vs the defaults' median | effect |\n|---|---|---|---|---:|---:|---:|---:|---:|---|\n")
 	for _, s := range settings {
 		for _, w := range s.Workloads {
 			r := rep.Find(scale.TuningName(s.Name, w))
 			if r == nil {
 				continue
 			}
-			label := map[string]string{"claims": "(a') no queue", "shares": fmt.Sprintf("(a) %d queues", cfg.Queues)}[w]
-			p("| %s | %s | %s | %s | %s | %.1f | %s | %s | %s |\n", s.Knob, s.Value, scale.SettingCommand(s), label, secs(r.AllBound), r.Rate(),
-				ms(r.CPUPerPod("kube-scheduler")), ms(r.CPUPerPod("controller")),
-				ratioVs(r, rep.Find(scale.TuningName(scale.DefaultSetting, w)))+" / "+ratioVs(r, rep.Find(scale.TuningName(last, w))))
+			b, ok := base[w]
+			ratio, effect := "-", "-"
+			if ok {
+				ratio, effect = fmt.Sprintf("**%.2fx**", r.AllBound.Seconds()/b.median.Seconds()), b.effect(r.AllBound, s.Baseline)
+			}
+			p("| %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %s |\n", s.Knob, s.Value, scale.SettingCommand(s), label(w), secs(r.AllBound), r.Rate(),
+				ms(r.CPUPerPod("kube-scheduler")), ms(r.CPUPerPod("controller")), ratio, effect)
 		}
 	}
 	p("\n%s\n", docsection.BenchTuning.End)
 	return b.String()
 }
 
-// ratioVs is r's time until all bound against base's, "-" without base.
-func ratioVs(r, base *scale.Result) string {
-	if base == nil || base.AllBound <= 0 {
-		return "-"
+// baseline is what the measurements of the defaults took for one workload.
+type baseline struct {
+	times            []time.Duration // in the order measured
+	min, median, max time.Duration
+}
+
+// baselineOf collects the defaults' times until all bound for workload w
+// (empty when none was measured).
+func baselineOf(rep *scale.Report, settings []scale.Setting, w string) baseline {
+	var b baseline
+	for _, s := range settings {
+		if !s.Baseline {
+			continue
+		}
+		if r := rep.Find(scale.TuningName(s.Name, w)); r != nil && r.AllBound > 0 {
+			b.times = append(b.times, r.AllBound)
+		}
 	}
-	return fmt.Sprintf("**%.2fx**", r.AllBound.Seconds()/base.AllBound.Seconds())
+	if len(b.times) == 0 {
+		return b
+	}
+	sorted := slices.Clone(b.times)
+	slices.Sort(sorted)
+	b.min, b.max = sorted[0], sorted[len(sorted)-1]
+	if n := len(sorted); n%2 == 1 {
+		b.median = sorted[n/2]
+	} else {
+		b.median = (sorted[n/2-1] + sorted[n/2]) / 2
+	}
+	return b
+}
+
+// effect says how far d lies from the defaults. Against three runs of the
+// defaults, a setting without any effect lands outside their range half
+// the time; so an effect is claimed only beyond twice their spread (the
+// largest distance of a default run from their median), and a time just
+// outside the range is only a "perhaps". The defaults' own rows are the
+// baseline.
+func (b baseline) effect(d time.Duration, isBaseline bool) string {
+	spread := max(b.median-b.min, b.max-b.median)
+	switch {
+	case isBaseline:
+		return "baseline"
+	case len(b.times) < 2:
+		return "cannot tell: the defaults were measured once"
+	case d < b.median-2*spread:
+		return "**faster**: beyond twice the defaults' spread"
+	case d > b.median+2*spread:
+		return "**slower**: beyond twice the defaults' spread"
+	case d < b.min:
+		return "perhaps faster: below every run of the defaults, within twice their spread"
+	case d > b.max:
+		return "perhaps slower: above every run of the defaults, within twice their spread"
+	default:
+		return "none shown: within the defaults' range"
+	}
+}
+
+// joinSecs is ds in seconds, comma-separated.
+func joinSecs(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = secs(d)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // ms is d in milliseconds, two decimals, with the unit.

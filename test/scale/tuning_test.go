@@ -84,26 +84,35 @@ func TestSchedulerArgsAndCommand(t *testing.T) {
 	}
 }
 
-// TestSettings: the default comes first and again last, every other setting
-// changes something, names make valid namespaces, and every setting's
-// scheduler configuration is valid.
+// TestSettings: the defaults come first, in the middle and last and change
+// nothing, every other setting changes something, names make valid
+// namespaces, and every setting's scheduler configuration is valid.
 func TestSettings(t *testing.T) {
 	settings := Settings()
-	if settings[0].Name != DefaultSetting || SettingCommand(settings[len(settings)-1]) != "-" {
-		t.Errorf("the default must come first and again last: %s ... %s", settings[0].Name, settings[len(settings)-1].Name)
+	var baselines []int
+	for i, s := range settings {
+		if s.Baseline {
+			baselines = append(baselines, i)
+		}
+	}
+	if n := len(settings) - 1; len(baselines) != 3 || baselines[0] != 0 || baselines[2] != n || baselines[1] < n/2-1 || baselines[1] > n/2+1 {
+		t.Errorf("the defaults must be measured first, in the middle and last: at %v of %d settings", baselines, len(settings))
 	}
 	known := map[string]bool{}
 	for _, w := range workloads(TuningConfig(true)) {
 		known[w.name] = true
 	}
 	seen := map[string]bool{}
-	for i, s := range settings {
+	for _, s := range settings {
 		if seen[s.Name] {
 			t.Errorf("setting %s twice", s.Name)
 		}
 		seen[s.Name] = true
-		if i > 0 && i < len(settings)-1 && SettingCommand(s) == "-" {
-			t.Errorf("setting %s changes nothing", s.Name)
+		if changes := SettingCommand(s) != "-"; changes == s.Baseline {
+			t.Errorf("setting %s: baseline %v, changes %q", s.Name, s.Baseline, SettingCommand(s))
+		}
+		if s.Baseline && !slices.Equal(s.Workloads, []string{"claims", "shares"}) {
+			t.Errorf("baseline %s must measure both workloads, measures %v", s.Name, s.Workloads)
 		}
 		if len(s.Workloads) == 0 {
 			t.Errorf("setting %s measures nothing", s.Name)
