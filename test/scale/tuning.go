@@ -49,7 +49,7 @@ type Setting struct {
 	// (a, the same in Tessera's queues).
 	Workloads []string
 	// Baseline marks a measurement of the defaults: the run measures them
-	// several times, and a setting shows an effect only outside their range.
+	// several times, and a setting's effect is judged against their spread.
 	Baseline bool
 }
 
@@ -176,10 +176,9 @@ func TuningConfig(small bool) Config {
 }
 
 // RunTuning brings the scale run's cluster up (cfg's nodes and queues),
-// warms it up with one unreported workload and measures, for each setting in
-// turn, its workloads with kube-scheduler
-// restarted with the setting's configuration and Tessera's controller with
-// its flags. Each result is named TuningName(setting, workload). As Run, it
+// warms it up with one unreported workload and measures, for each setting
+// in turn, its workloads with kube-scheduler restarted with the setting's
+// configuration and Tessera's controller with its flags. Each result is named TuningName(setting, workload). As Run, it
 // returns what was measured when a setting fails (Report.Failed).
 func RunTuning(ctx context.Context, cfg Config, settings []Setting, logf localcluster.Logf) (*Report, error) {
 	byName := map[string]workload{}
@@ -199,9 +198,11 @@ func RunTuning(ctx context.Context, cfg Config, settings []Setting, logf localcl
 	}
 	defer os.RemoveAll(dir)
 	return onCluster(ctx, cfg, logf, func(ctx context.Context, h *harness, cl *localcluster.Cluster, rep *Report) error {
-		// The first pods after the cluster came up meet cold caches (the
-		// first run of the defaults took 1.45x the last in the first full
-		// run): one workload warms the cluster up and is not reported.
+		// In the first full run the first pods after the cluster came up
+		// took 1.45x as long as the same defaults last: one unreported
+		// workload warms the cluster up. In the next run the first defaults
+		// were still the slowest of three, so it is their three
+		// measurements, not the warm-up, that keep this out of verdicts.
 		warm := byName["claims"]
 		warm.name, warm.title = "warmup", "warm-up, not reported: "+warm.title
 		if _, err := h.measure(ctx, warm); err != nil {
