@@ -22,6 +22,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/decide"
+	"github.com/tessera-dev/tessera/pkg/demand"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/idle"
 )
@@ -313,33 +314,42 @@ func (r *IdleReclaimer) evictOne(ctx context.Context, p *corev1.Pod, dryRun bool
 }
 
 // podClaims are the UIDs of the pod's claims that hold devices of the
-// driver (a claim not allocated yet, or of another driver, is left out).
+// driver, however the pod asked for them (demand.PodClaims: its
+// resourceClaims and the claim kube-scheduler made for its extended
+// resources); a claim not allocated yet, or of another driver, is left
+// out, and a pod whose claims cannot all be found holds none that can be
+// judged (it is not idle).
 func podClaims(p *corev1.Pod, byName map[types.NamespacedName]*resourceapi.ResourceClaim, driver string) []types.UID {
-	generated := map[string]string{}
-	for _, s := range p.Status.ResourceClaimStatuses {
-		if s.ResourceClaimName != nil {
-			generated[s.Name] = *s.ResourceClaimName
-		}
+	pcs, err := demand.PodClaims(p, runningObjects(byName))
+	if err != nil {
+		return nil
 	}
 	var out []types.UID
-	for _, rc := range p.Spec.ResourceClaims {
-		name := generated[rc.Name]
-		if rc.ResourceClaimName != nil {
-			name = *rc.ResourceClaimName
-		}
-		c := byName[types.NamespacedName{Namespace: p.Namespace, Name: name}]
-		if name == "" || c == nil {
+	for _, pc := range pcs {
+		if !pc.Exists {
 			continue
 		}
-		for _, d := range c.Status.Devices {
+		for _, d := range pc.Claim.Status.Devices {
 			if d.Driver == driver {
-				out = append(out, c.UID)
+				out = append(out, pc.Claim.UID)
 				break
 			}
 		}
 	}
 	return out
 }
+
+// runningObjects looks up the claims of running pods: theirs all exist, so
+// neither templates nor DeviceClasses are needed to resolve them.
+type runningObjects map[types.NamespacedName]*resourceapi.ResourceClaim
+
+func (o runningObjects) Claim(ns, name string) *resourceapi.ResourceClaim {
+	return o[types.NamespacedName{Namespace: ns, Name: name}]
+}
+
+func (o runningObjects) Template(string, string) *resourceapi.ResourceClaimTemplate { return nil }
+
+func (o runningObjects) ExtendedResources() *demand.ExtendedResources { return nil }
 
 func idleCondition(p *corev1.Pod) *corev1.PodCondition {
 	return findCondition(p, v1alpha1.IdleCondition)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/devicemodel"
 )
 
@@ -330,4 +332,36 @@ func (e *idleEnv) pod(name string) (*corev1.Pod, bool) {
 func condTrue(p *corev1.Pod) bool {
 	c := idleCondition(p)
 	return c != nil && c.Status == corev1.ConditionTrue
+}
+
+// podClaims finds the driver's claims however the pod asked for them: a
+// claim it names, one made from its template, and the one kube-scheduler
+// made for its extended resources (found through the pod's status).
+func TestPodClaimsEveryWayIn(t *testing.T) {
+	held := func(name, uid, driver string) *resourceapi.ResourceClaim {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(uid)}}
+		c.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: driver, Pool: "n", Device: "gpu-0"}}
+		return c
+	}
+	byName := map[types.NamespacedName]*resourceapi.ResourceClaim{}
+	for _, c := range []*resourceapi.ResourceClaim{
+		held("named", "u-named", "gpu.tessera.dev"), held("p-t0-x", "u-tmpl", "gpu.tessera.dev"),
+		held("p-extended-resources-y", "u-ext", "gpu.tessera.dev"), held("nic", "u-nic", "nic.example.com"),
+	} {
+		byName[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c
+	}
+	p := decidetest.Pod("ns", "p", decidetest.PodOptions{Templates: []string{"gpu"}, Claims: []string{"named", "nic"},
+		Extended: map[string]string{decidetest.ImplicitGPU: "1"}})
+	p.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "t0", ResourceClaimName: ptr.To("p-t0-x")}}
+	p.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: "p-extended-resources-y"}
+	got := podClaims(p, byName, "gpu.tessera.dev")
+	want := []types.UID{"u-tmpl", "u-named", "u-ext"}
+	if !slices.Equal(got, want) {
+		t.Errorf("claims %v, want %v", got, want)
+	}
+	// A claim it names is gone: nothing to judge, the pod is not idle.
+	delete(byName, types.NamespacedName{Namespace: "ns", Name: "named"})
+	if got := podClaims(p, byName, "gpu.tessera.dev"); len(got) != 0 {
+		t.Errorf("with a claim missing: %v, want none", got)
+	}
 }

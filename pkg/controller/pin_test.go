@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -236,6 +237,10 @@ func TestChangeTrigger(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "x"}}
 	nsQueued := ns.DeepCopy()
 	nsQueued.Labels = map[string]string{v1alpha1.QueueLabel: "team"}
+	nsTeam := ns.DeepCopy()
+	nsTeam.Labels = map[string]string{"team": "a"}
+	gpuPlugin := node.DeepCopy()
+	gpuPlugin.Status.Allocatable = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}
 	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "s", Generation: 1}}
 	slice2 := slice.DeepCopy()
 	slice2.Generation = 2
@@ -259,6 +264,9 @@ func TestChangeTrigger(t *testing.T) {
 		{"pinned pod unschedulable", pinned, unsched, TriggerStalePin, true},
 		{"namespace labelled", ns, nsQueued, TriggerNamespace, true},
 		{"unqueued namespace created", nil, ns, TriggerNamespace, false},
+		{"namespace relabelled (a queue's namespaceSelector may match)", ns, nsTeam, TriggerNamespace, true},
+		{"namespace unchanged", nsTeam, nsTeam.DeepCopy(), TriggerNamespace, false},
+		{"a device plugin serves an extended resource on the node", node, gpuPlugin, TriggerNode, true},
 		{"slice republished", slice, slice2, TriggerSlice, true},
 		{"slice unchanged", slice, slice.DeepCopy(), TriggerSlice, false},
 		{"queue moved to another controller", q, moved, TriggerQueue, true},

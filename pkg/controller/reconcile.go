@@ -313,10 +313,11 @@ func (a *Reconciler) snapshot(ctx context.Context) (*decide.Snapshot, error) {
 	for i := range nodes.Items {
 		s.Nodes = append(s.Nodes, &nodes.Items[i])
 	}
-	// Managed namespaces: the claims their unqueued pods hold (pods that ran
-	// before the label) are charged to the namespace's queue.
+	// Every namespace: queues' namespaceSelectors are matched at admission;
+	// managed namespaces' unqueued pods (pods that ran before the label)
+	// are charged to the namespace's queue.
 	var namespaces corev1.NamespaceList
-	if err := a.Reader.List(ctx, &namespaces, fast, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+	if err := a.Reader.List(ctx, &namespaces, fast); err != nil {
 		return nil, fmt.Errorf("listing namespaces: %w", err)
 	}
 	for i := range namespaces.Items {

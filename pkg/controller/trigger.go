@@ -24,8 +24,8 @@ const (
 	TriggerQueue     = "queue"     // a Queue created, deleted, or its spec or labels changed
 	TriggerSlice     = "slice"     // a ResourceSlice created, deleted or changed
 	TriggerClass     = "class"     // a DeviceClass created, deleted or changed
-	TriggerNode      = "node"      // a node created, deleted, or its labels, taints, cordon or readiness changed
-	TriggerNamespace = "namespace" // a namespace's labels changed
+	TriggerNode      = "node"      // a node created, deleted, or its labels, taints, cordon, readiness or allocatable changed
+	TriggerNamespace = "namespace" // a namespace's labels changed (queues' namespaceSelectors match them)
 	TriggerStalePin  = "stale-pin" // a pinned pod's PodScheduled condition changed
 	TriggerResync    = "resync"    // --resync-period passed with pods gated
 	TriggerRetry     = "retry"     // reasons left to write, or the last cycle failed
@@ -84,14 +84,18 @@ func changeTrigger(old, new client.Object) (string, bool) {
 			return TriggerNode, true
 		}
 		o, n := old.(*corev1.Node), new.(*corev1.Node)
+		// Allocatable: an extended resource a device plugin serves there is
+		// not served through DRA there (decide's placer).
 		return TriggerNode, o.Spec.Unschedulable != n.Spec.Unschedulable || nodeReady(o) != nodeReady(n) ||
-			!apiequality.Semantic.DeepEqual(o.Labels, n.Labels) || !apiequality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
+			!apiequality.Semantic.DeepEqual(o.Labels, n.Labels) || !apiequality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints) ||
+			!apiequality.Semantic.DeepEqual(o.Status.Allocatable, n.Status.Allocatable)
 	case *corev1.Namespace:
 		if old == nil || new == nil {
 			_, queued := obj.GetLabels()[v1alpha1.QueueLabel]
 			return TriggerNamespace, queued
 		}
-		return TriggerNamespace, old.GetLabels()[v1alpha1.QueueLabel] != new.GetLabels()[v1alpha1.QueueLabel]
+		// Any label: a queue's namespaceSelector may match it.
+		return TriggerNamespace, !apiequality.Semantic.DeepEqual(old.GetLabels(), new.GetLabels())
 	}
 	return "", true // unknown kinds: decide, to be safe
 }

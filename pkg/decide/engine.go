@@ -102,8 +102,10 @@ type Snapshot struct {
 	Slices    []*resourceapi.ResourceSlice
 	Classes   []*resourceapi.DeviceClass
 	Nodes     []*corev1.Node
-	// Namespaces are those labelled with a queue (managed namespaces): the
-	// claims their unqueued pods hold are charged to it (charges.go).
+	// Namespaces are the cluster's namespaces: a queue's namespaceSelector
+	// is matched against their labels when a pod is admitted (rules.go),
+	// and the claims that unqueued pods of a namespace labelled with a
+	// queue (a managed namespace) hold are charged to it (charges.go).
 	Namespaces []*corev1.Namespace
 	// TaintRules are the DeviceTaintRules, applied to the slices as the
 	// scheduler applies them (taintrules.go); nil: Config.TaintRules.
@@ -218,7 +220,10 @@ func (e *Engine) Forget(pods ...*corev1.Pod) {
 type objects struct {
 	claims    map[string]*resourceapi.ResourceClaim
 	templates map[string]*resourceapi.ResourceClaimTemplate
+	ext       *demand.ExtendedResources
 }
+
+func (o *objects) ExtendedResources() *demand.ExtendedResources { return o.ext }
 
 func (o *objects) Claim(ns, name string) *resourceapi.ResourceClaim { return o.claims[ns+"/"+name] }
 func (o *objects) Template(ns, name string) *resourceapi.ResourceClaimTemplate {
@@ -254,6 +259,8 @@ type cycle struct {
 	held *Workload
 	// reclaims counts reclaim tries this cycle.
 	reclaims int
+	// namespaces are the labels of the snapshot's namespaces, by name.
+	namespaces map[string]map[string]string
 }
 
 type estimate struct {
@@ -306,6 +313,7 @@ func (e *Engine) Decide(ctx context.Context, snap *Snapshot) (*Decision, error) 
 	}
 	c.checkHoldings()
 	c.claimConflicts(pending, c.admitted)
+	c.checkNamespaces(pending)
 	for k := range e.reservations {
 		if !c.seen[k] {
 			delete(e.reservations, k)
@@ -353,10 +361,11 @@ func (e *Engine) keepCatalog(snap *Snapshot) {
 func (e *Engine) newCycle(ctx context.Context, snap *Snapshot, cat *demand.Catalog, pl *placer) *cycle {
 	c := &cycle{
 		e: e, ctx: ctx, logger: klog.FromContext(ctx), snap: snap,
-		tree:     queue.NewTree(snap.Queues),
-		cat:      cat,
-		placer:   pl,
-		objs:     &objects{claims: map[string]*resourceapi.ResourceClaim{}, templates: map[string]*resourceapi.ResourceClaimTemplate{}},
+		tree:   queue.NewTree(snap.Queues),
+		cat:    cat,
+		placer: pl,
+		objs: &objects{claims: map[string]*resourceapi.ResourceClaim{}, templates: map[string]*resourceapi.ResourceClaimTemplate{},
+			ext: demand.NewExtendedResources(snap.Classes)},
 		charged:  map[string]bool{},
 		estCache: map[string]estimate{},
 		specEst:  map[string]estimate{},
@@ -371,6 +380,10 @@ func (e *Engine) newCycle(ctx context.Context, snap *Snapshot, cat *demand.Catal
 	}
 	for _, t := range snap.Templates {
 		c.objs.templates[t.Namespace+"/"+t.Name] = t
+	}
+	c.namespaces = make(map[string]map[string]string, len(snap.Namespaces))
+	for _, ns := range snap.Namespaces {
+		c.namespaces[ns.Name] = ns.Labels
 	}
 	return c
 }

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -162,6 +163,8 @@ type placer struct {
 	byName   map[string]*placeNode
 	poolNode map[string]*placeNode // driver/pool -> node
 	classes  allocation.Classes
+	// ext resolves the extended resources DeviceClasses serve.
+	ext      *demand.ExtendedResources
 	features structured.Features
 	cel      *cel.Cache
 	fails    map[failKey]uint64
@@ -219,6 +222,7 @@ func newPlacer(nodes []*corev1.Node, all []*resourceapi.ResourceSlice, classes [
 		byName:    map[string]*placeNode{},
 		poolNode:  map[string]*placeNode{},
 		classes:   allocation.Classes(classes),
+		ext:       demand.NewExtendedResources(classes),
 		features:  features,
 		cel:       celCache,
 		fails:     map[failKey]uint64{},
@@ -342,8 +346,12 @@ func (c *placer) allocate(ctx context.Context, sn *placeNode, claims []*resource
 }
 
 // fits says whether the pod may run on the node apart from devices:
-// usable, node selector and required affinity, taints tolerated.
-func (c *placer) fits(pod *corev1.Pod, sig string, sn *placeNode) bool {
+// usable, node selector and required affinity, taints tolerated, and none
+// of ext (the extended resources it gets through DRA) served there by a
+// device plugin: kube-scheduler hands those out from the node's
+// allocatable instead, outside any claim, so a DRA placement there would
+// be charged for devices the pod does not get.
+func (c *placer) fits(pod *corev1.Pod, sig string, sn *placeNode, ext []corev1.ResourceName) bool {
 	if !sn.usable {
 		return false
 	}
@@ -361,20 +369,27 @@ func (c *placer) fits(pod *corev1.Pod, sig string, sn *placeNode) bool {
 		}, true)
 		ok = !untolerated
 	}
+	for _, name := range ext {
+		if q, served := sn.node.Status.Allocatable[name]; served && !q.IsZero() {
+			ok = false
+		}
+	}
 	c.fitCache[k] = ok
 	return ok
 }
 
-// podFilterSig fingerprints what restricts a pod's nodes ("" = nothing).
-func podFilterSig(p *corev1.Pod) string {
-	if len(p.Spec.NodeSelector) == 0 && p.Spec.Affinity == nil && len(p.Spec.Tolerations) == 0 {
+// podFilterSig fingerprints what restricts a pod's nodes ("" = nothing):
+// its selector, affinity and tolerations, and ext (see fits).
+func podFilterSig(p *corev1.Pod, ext []corev1.ResourceName) string {
+	if len(p.Spec.NodeSelector) == 0 && p.Spec.Affinity == nil && len(p.Spec.Tolerations) == 0 && len(ext) == 0 {
 		return ""
 	}
 	return hashJSON(struct {
 		S map[string]string
 		A *corev1.Affinity
 		T []corev1.Toleration
-	}{p.Spec.NodeSelector, p.Spec.Affinity, p.Spec.Tolerations})
+		E []corev1.ResourceName `json:",omitempty"`
+	}{p.Spec.NodeSelector, p.Spec.Affinity, p.Spec.Tolerations, ext})
 }
 
 func (c *placer) claimSig(claims []*resourceapi.ResourceClaim) string {
@@ -457,7 +472,11 @@ func (t *trial) placePod(ctx context.Context, pod *corev1.Pod, infos []claimInfo
 	var pin *placeNode
 	var toAlloc []*resourceapi.ResourceClaim
 	var keys []string
+	var ext []corev1.ResourceName
 	for _, ci := range infos {
+		if strings.HasSuffix(ci.pc.Key, "/"+demand.ExtendedClaimEntry) && !ci.pc.Exists {
+			ext = t.c.ext.PodExtendedResources(pod)
+		}
 		n := ci.node
 		if sn := t.placed[ci.pc.Key]; sn != nil {
 			n = sn
@@ -485,10 +504,10 @@ func (t *trial) placePod(ctx context.Context, pod *corev1.Pod, infos []claimInfo
 		}
 		return true, nil
 	}
-	filterSig := podFilterSig(pod)
+	filterSig := podFilterSig(pod, ext)
 	sig := t.c.claimSig(toAlloc) + "|" + filterSig
 	try := func(sn *placeNode) (bool, error) {
-		if !t.c.fits(pod, filterSig, sn) {
+		if !t.c.fits(pod, filterSig, sn, ext) {
 			return false, nil
 		}
 		fk := failKey{sn.idx, sig}

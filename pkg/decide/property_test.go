@@ -63,7 +63,9 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 	w.queue(Queue("b", "org", "30Gi", ""))
 	w.queue(Queue("c", "", "", "90Gi"))
 	w.queue(Queue("d", "", "40Gi", ""))
-	templates := []string{"whole", "s4", "s10", "s20", "two"}
+	// ext1, ext2 and s4+ext1 ask through the extended resource of
+	// gpu.tessera.dev (withTemplate), alone or beside a claim.
+	templates := []string{"whole", "s4", "s10", "s20", "two", "ext1", "ext2", "s4+ext1"}
 	w.template(Template("ns", "whole", Request{}))
 	w.template(Template("ns", "s4", Request{Memory: "4Gi"}))
 	w.template(Template("ns", "s10", Request{Memory: "10Gi"}))
@@ -90,7 +92,7 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 				for i := range size {
 					name := fmt.Sprintf("%s-%d", g, i)
 					if i < now {
-						w.pod(name, PodOptions{Queue: q, Gang: g, GangSize: fmt.Sprint(size), Templates: []string{tm}})
+						w.pod(name, withTemplate(PodOptions{Queue: q, Gang: g, GangSize: fmt.Sprint(size)}, tm))
 					} else {
 						gangs[g] = append(gangs[g], name+"|"+q+"|"+tm+"|"+fmt.Sprint(size))
 					}
@@ -101,7 +103,7 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 					qq = "org" // bad input: not a leaf
 				}
 				t.Logf("step %d: submit p%d to %s with %s", step, seq, qq, tm)
-				w.pod(fmt.Sprintf("p%d", seq), PodOptions{Queue: qq, Templates: []string{tm}})
+				w.pod(fmt.Sprintf("p%d", seq), withTemplate(PodOptions{Queue: qq}, tm))
 			}
 		case op < 5:
 			var open []string
@@ -115,7 +117,7 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 				if _, err := fmt.Sscanf(replaceBars(rest[0]), "%s %s %s %s", &name, &q, &tm, &size); err != nil {
 					t.Fatalf("gang member %q: %v", rest[0], err)
 				}
-				w.pod(name, PodOptions{Queue: q, Gang: g, GangSize: size, Templates: []string{tm}})
+				w.pod(name, withTemplate(PodOptions{Queue: q, Gang: g, GangSize: size}, tm))
 				gangs[g] = rest[1:]
 				if len(gangs[g]) == 0 {
 					delete(gangs, g)
@@ -165,6 +167,23 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 	}
 }
 
+// withTemplate sets how the pod asks for devices: "ext<N>" asks N GPUs
+// through the implicit extended resource of gpu.tessera.dev, "<t>+ext<N>"
+// adds template t, anything else is a template's name.
+func withTemplate(o PodOptions, tm string) PodOptions {
+	tmpl, ext, _ := strings.Cut(tm, "+")
+	if strings.HasPrefix(tmpl, "ext") {
+		tmpl, ext = "", tmpl
+	}
+	if tmpl != "" {
+		o.Templates = []string{tmpl}
+	}
+	if ext != "" {
+		o.Extended = map[string]string{ImplicitGPU: strings.TrimPrefix(ext, "ext")}
+	}
+	return o
+}
+
 func replaceBars(s string) string {
 	out := []byte(s)
 	for i := range out {
@@ -185,13 +204,28 @@ func checkGangsWhole(t *testing.T, w *world, step int) {
 }
 
 // checkLimits recomputes what every queue holds from the world, without
-// the engine: claims of live admitted pods, once each, at the real charge
-// of their allocation or the estimate.
+// the engine (chargeWorld), and fails when one holds more than its limit.
 func checkLimits(t *testing.T, w *world, step int) {
+	t.Helper()
+	tree := queue.NewTree(w.snap.Queues)
+	chargeWorld(t, w, tree, step)
+	for _, q := range tree.Queues {
+		for r := range queue.NumResources {
+			if q.Limit[r] != queue.NoLimit && q.Allocated[r] > q.Limit[r] {
+				t.Fatalf("step %d: queue %s holds %s of %s, limit %s", step, q.Name,
+					queue.FormatAmount(queue.Resource(r), q.Allocated[r]), queue.HumanName(queue.Resource(r)), queue.FormatAmount(queue.Resource(r), q.Limit[r]))
+			}
+		}
+	}
+}
+
+// chargeWorld charges the queues of tree with what the world's live
+// admitted pods hold: their claims, however asked, once each, at the real
+// charge of their allocation or the estimate.
+func chargeWorld(t *testing.T, w *world, tree *queue.Tree, step int) {
 	t.Helper()
 	ctx := context.Background()
 	cat := demand.NewCatalog(w.snap.Slices, w.snap.Classes, cel.NewCache(100, cel.Features{}))
-	tree := queue.NewTree(w.snap.Queues)
 	seen := map[string]bool{}
 	objs := worldObjects{w}
 	for _, p := range w.snap.Pods {
@@ -221,14 +255,6 @@ func checkLimits(t *testing.T, w *world, step int) {
 				}
 			}
 			queue.Charge(q, v)
-		}
-	}
-	for _, q := range tree.Queues {
-		for r := range queue.NumResources {
-			if q.Limit[r] != queue.NoLimit && q.Allocated[r] > q.Limit[r] {
-				t.Fatalf("step %d: queue %s holds %s of %s, limit %s", step, q.Name,
-					queue.FormatAmount(queue.Resource(r), q.Allocated[r]), queue.HumanName(queue.Resource(r)), queue.FormatAmount(queue.Resource(r), q.Limit[r]))
-			}
 		}
 	}
 }
@@ -268,6 +294,10 @@ func (o worldObjects) Claim(ns, name string) *resourceClaim {
 		}
 	}
 	return nil
+}
+
+func (o worldObjects) ExtendedResources() *demand.ExtendedResources {
+	return demand.NewExtendedResources(o.w.snap.Classes)
 }
 
 func (o worldObjects) Template(ns, name string) *resourceClaimTemplate {
@@ -330,6 +360,11 @@ func runHostile(t *testing.T, seed uint64, steps int, features structured.Featur
 	for n := range hostile {
 		hostileNames = append(hostileNames, n)
 	}
+	for n, bad := range hostileExtended {
+		if bad {
+			hostileNames = append(hostileNames, n)
+		}
+	}
 	sort.Strings(hostileNames)
 	// worlds[0] and [1]: shortcuts on and off; worlds[2]: the good
 	// submissions only.
@@ -347,7 +382,9 @@ func runHostile(t *testing.T, seed uint64, steps int, features structured.Featur
 		w.template(Template("ns", "s4", Request{Memory: "4Gi"}))
 		w.template(Template("ns", "whole", Request{}))
 		for _, n := range hostileNames {
-			w.template(hostile[n])
+			if t := hostile[n]; t != nil {
+				w.template(t)
+			}
 		}
 		worlds[i] = w
 	}
@@ -358,7 +395,7 @@ func runHostile(t *testing.T, seed uint64, steps int, features structured.Featur
 		q := leaves[rng.IntN(len(leaves))]
 		tm := hostileNames[rng.IntN(len(hostileNames))]
 		if op < 4 {
-			tm = []string{"s4", "whole"}[rng.IntN(2)]
+			tm = []string{"s4", "whole", "ext1", "s4+ext1", "ext-no-class", "ext-device-plugin"}[rng.IntN(6)]
 		}
 		var finish string
 		if op >= 8 {
@@ -371,11 +408,17 @@ func runHostile(t *testing.T, seed uint64, steps int, features structured.Featur
 		}
 		seq++
 		_, bad := hostile[tm]
+		opts := PodOptions{Queue: q, Templates: []string{tm}}
+		if ext, ok := extendedRequests[tm]; ok {
+			bad, opts = hostileExtended[tm], PodOptions{Queue: q, Extended: ext}
+		} else if !bad {
+			opts = withTemplate(PodOptions{Queue: q}, tm)
+		}
 		for i, w := range worlds {
 			if finish != "" {
 				w.finish(finish)
 			} else if i < 2 || !bad {
-				w.pod(fmt.Sprintf("p%d", seq), PodOptions{Queue: q, Templates: []string{tm}})
+				w.pod(fmt.Sprintf("p%d", seq), opts)
 			}
 			w.cycle()
 			checkLimits(t, w, step)
@@ -390,6 +433,21 @@ func runHostile(t *testing.T, seed uint64, steps int, features structured.Featur
 		}
 	}
 }
+
+// extendedRequests are requests through extended resources a tenant may
+// write: more devices than any node has (beyond the allocator's per-claim
+// maximum too), and two that get no device through DRA (a class that does
+// not exist, a device plugin's name no class serves: such pods hold
+// nothing of Tessera's and are admitted at once, in every world).
+var extendedRequests = map[string]map[string]string{
+	"ext-huge":          {ImplicitGPU: "64"},
+	"ext-many":          {ImplicitGPU: "3"},
+	"ext-no-class":      {"deviceclass.resource.kubernetes.io/nosuchclass": "1"},
+	"ext-device-plugin": {"example.com/fpga": "1"},
+}
+
+// hostileExtended says which of extendedRequests only the hostile worlds get.
+var hostileExtended = map[string]bool{"ext-huge": true, "ext-many": true, "ext-no-class": false, "ext-device-plugin": false}
 
 // admissionsString renders a cycle's admissions with their nodes.
 func admissionsString(d *decide.Decision) string {

@@ -17,6 +17,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/allocation"
 	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
+	"github.com/tessera-dev/tessera/pkg/demand"
 )
 
 // world is a simulated cluster the tests drive: the engine decides, the
@@ -71,6 +72,17 @@ func (w *world) nics(node string, n int) {
 }
 
 func (w *world) queue(q *v1alpha1.Queue) { w.snap.Queues = append(w.snap.Queues, q) }
+
+// namespace adds or relabels a namespace.
+func (w *world) namespace(name string, labels map[string]string) {
+	for _, ns := range w.snap.Namespaces {
+		if ns.Name == name {
+			ns.Labels = labels
+			return
+		}
+	}
+	w.snap.Namespaces = append(w.snap.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}})
+}
 
 func (w *world) template(t *resourceapi.ResourceClaimTemplate) {
 	w.snap.Templates = append(w.snap.Templates, t)
@@ -207,9 +219,20 @@ func (w *world) schedule() {
 }
 
 // podClaims returns the pod's claims, creating the generated ones from
-// templates as the resourceclaim controller does.
+// templates as the resourceclaim controller does, and the claim of its
+// extended resources as kube-scheduler does.
 func (w *world) podClaims(p *corev1.Pod) []*resourceapi.ResourceClaim {
 	var out []*resourceapi.ResourceClaim
+	if st := p.Status.ExtendedResourceClaimStatus; st != nil {
+		out = append(out, w.claimByName(st.ResourceClaimName))
+	} else if spec := demand.NewExtendedResources(w.snap.Classes).ExtendedClaimSpec(p); spec != nil {
+		name := p.Name + "-extended-resources-gen"
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: name, UID: types.UID("uid-" + name),
+			Annotations: map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}}, Spec: *spec}
+		w.snap.Claims = append(w.snap.Claims, c)
+		p.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: name}
+		out = append(out, c)
+	}
 	for _, rc := range p.Spec.ResourceClaims {
 		if rc.ResourceClaimName != nil {
 			out = append(out, w.claimByName(*rc.ResourceClaimName))
@@ -288,6 +311,9 @@ func (w *world) release() {
 		}
 		for _, s := range p.Status.ResourceClaimStatuses {
 			inUse[*s.ResourceClaimName] = true
+		}
+		if st := p.Status.ExtendedResourceClaimStatus; st != nil {
+			inUse[st.ResourceClaimName] = true
 		}
 	}
 	for _, c := range w.snap.Claims {

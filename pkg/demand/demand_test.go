@@ -156,7 +156,10 @@ func TestChargeOfSharesIsConsumedCapacity(t *testing.T) {
 type objs struct {
 	claims    map[string]*resourceapi.ResourceClaim
 	templates map[string]*resourceapi.ResourceClaimTemplate
+	ext       *demand.ExtendedResources
 }
+
+func (o objs) ExtendedResources() *demand.ExtendedResources { return o.ext }
 
 func (o objs) Claim(ns, name string) *resourceapi.ResourceClaim { return o.claims[ns+"/"+name] }
 func (o objs) Template(ns, name string) *resourceapi.ResourceClaimTemplate {

@@ -8,10 +8,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// Objects looks up claims and templates by namespace and name.
+// Objects looks up claims and templates by namespace and name, and the
+// DeviceClasses that serve extended resources.
 type Objects interface {
 	Claim(namespace, name string) *resourceapi.ResourceClaim
 	Template(namespace, name string) *resourceapi.ResourceClaimTemplate
+	// ExtendedResources resolves extended resource names to classes (nil:
+	// none is served through DRA).
+	ExtendedResources() *ExtendedResources
 }
 
 // PodClaim is one claim a pod uses.
@@ -32,10 +36,18 @@ type PodClaim struct {
 // Allocated says whether the scheduler allocated the claim.
 func (c *PodClaim) Allocated() bool { return c.Exists && c.Claim.Status.Allocation != nil }
 
-// PodClaims resolves the claims of a pod. It fails with a plain error when
-// something is not there yet (a claim or template to wait for).
+// PodClaims resolves every claim through which a pod gets devices: the
+// entries of spec.resourceClaims (claims it names, claims made from its
+// templates) and the claim kube-scheduler makes for the extended resources
+// it asks that a DeviceClass serves (DRAExtendedResource: the implicit
+// deviceclass.resource.kubernetes.io/<class> and any class's
+// extendedResourceName), found through status.extendedResourceClaimStatus
+// once made. This is the one definition of what a pod gets: admission,
+// charges, the two-claim rule and idle reclaim all read it. It fails with
+// a plain error when something is not there yet (a claim or template to
+// wait for).
 func PodClaims(pod *corev1.Pod, objs Objects) ([]PodClaim, error) {
-	out := make([]PodClaim, 0, len(pod.Spec.ResourceClaims))
+	out := make([]PodClaim, 0, len(pod.Spec.ResourceClaims)+1)
 	for _, rc := range pod.Spec.ResourceClaims {
 		switch {
 		case rc.ResourceClaimName != nil:
@@ -63,6 +75,9 @@ func PodClaims(pod *corev1.Pod, objs Objects) ([]PodClaim, error) {
 			claim.UID = types.UID("tessera-sim-" + string(pod.UID) + "-" + rc.Name)
 			out = append(out, PodClaim{Key: key, Display: claim.Name + " (from template " + tmpl.Name + ")", Claim: claim})
 		}
+	}
+	if pc, ok := extendedClaim(pod, objs, objs.ExtendedResources()); ok {
+		out = append(out, pc)
 	}
 	return out, nil
 }

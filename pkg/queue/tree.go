@@ -5,6 +5,9 @@ import (
 	"sort"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 )
 
@@ -29,6 +32,10 @@ type Queue struct {
 	// Invalid says why the queue cannot take workloads (unknown parent,
 	// cycle); empty when it can.
 	Invalid string
+	// namespaces is spec.namespaceSelector (nil: every namespace);
+	// badSelector says why it does not parse.
+	namespaces  labels.Selector
+	badSelector string
 
 	// Allocated is held by admitted workloads of the subtree.
 	Allocated Vector
@@ -43,6 +50,22 @@ type Queue struct {
 	// DecayedUsage is the subtree's decayed allocated usage per resource
 	// (status.usage.decayed: GiB-hours, GPU-hours).
 	DecayedUsage [NumResources]float64
+}
+
+// RefusesNamespace says why the queue does not take pods of namespace ns
+// whose labels are nsLabels (spec.namespaceSelector, as Kueue's
+// ClusterQueue; unset takes every namespace), or "" when it takes them.
+// The webhook asks at a pod's creation and the controller again at every
+// decision, so that a selector narrowed later, or a queue created after the
+// pod that named it, holds too.
+func (q *Queue) RefusesNamespace(ns string, nsLabels map[string]string) string {
+	switch {
+	case q.badSelector != "":
+		return fmt.Sprintf("queue %s has an invalid spec.namespaceSelector (%s): ask the cluster administrator to fix it", q.Name, q.badSelector)
+	case q.namespaces == nil || q.namespaces.Matches(labels.Set(nsLabels)):
+		return ""
+	}
+	return fmt.Sprintf("queue %s takes pods only from namespaces matching its namespaceSelector %q; namespace %s does not match: use a queue meant for this namespace", q.Name, q.namespaces.String(), ns)
 }
 
 // IsLeaf says whether the queue can take workloads directly.
@@ -97,6 +120,12 @@ func FromAPI(obj *v1alpha1.Queue) *Queue {
 	if u := obj.Status.Usage; u != nil {
 		q.DecayedUsage[Memory] = parseDecimal(u.Decayed.AllocatedMemoryGiBHours)
 		q.DecayedUsage[GPUs] = parseDecimal(u.Decayed.AllocatedGPUHours)
+	}
+	if sel := obj.Spec.NamespaceSelector; sel != nil {
+		var err error
+		if q.namespaces, err = metav1.LabelSelectorAsSelector(sel); err != nil {
+			q.badSelector = err.Error()
+		}
 	}
 	q.listed = q.Bounded != [NumResources]bool{}
 	if !q.listed {

@@ -55,9 +55,10 @@ func (v *ClaimValidator) Handle(ctx context.Context, req admission.Request) admi
 	}
 	ours := map[string]bool{} // pod claim entry -> its devices are the driver's
 	resolved := map[string]bool{}
+	var ext *demand.ExtendedResources
 	containers := append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for _, c := range containers {
-		if len(c.Resources.Claims) < 2 {
+		if len(c.Resources.Claims) == 0 {
 			continue
 		}
 		var names []string
@@ -77,13 +78,41 @@ func (v *ClaimValidator) Handle(ctx context.Context, req admission.Request) admi
 				names = append(names, rc.Name)
 			}
 		}
+		if len(names) == 0 {
+			continue
+		}
+		// The claim kube-scheduler makes for the container's extended
+		// resources is one more claim in the container.
+		if ext == nil {
+			var err error
+			if ext, err = extendedResources(ctx, v.Reader); err != nil {
+				return admission.Errored(http.StatusInternalServerError, err)
+			}
+		}
+		for _, name := range ext.ContainerExtendedResources(&c) {
+			if v.classIsOurs(ctx, ext.Class(name)) {
+				names = append(names, "extended resource "+string(name))
+			}
+		}
 		if len(names) > 1 {
 			sort.Strings(names)
-			return admission.Denied(fmt.Sprintf("container %s uses %d claims with %s devices (%s): their limits would collide in the container's environment; use one claim with several requests instead",
+			return admission.Denied(fmt.Sprintf("container %s uses %d claims with %s devices (%s): their limits would collide in the container's environment; use one claim with several requests instead (an extended resource counts as a claim of its own)",
 				c.Name, len(names), v.Driver, strings.Join(names, ", ")))
 		}
 	}
 	return admission.Allowed("")
+}
+
+// classIsOurs says whether the class selects the driver's devices (a class
+// whose selectors do not decide on the driver is not counted: the webhook
+// has no published devices to try them on).
+func (v *ClaimValidator) classIsOurs(ctx context.Context, dc *resourceapi.DeviceClass) bool {
+	cache := v.CEL
+	if cache == nil {
+		cache = cel.NewCache(10, cel.Features{})
+	}
+	selects, _ := demand.ClassSelectsDriver(ctx, cache, dc, v.Driver)
+	return selects
 }
 
 type deniedError struct{ msg string }
@@ -149,13 +178,7 @@ func (v *ClaimValidator) usesDriver(ctx context.Context, pod *corev1.Pod, entry 
 				}
 				return false, err
 			}
-			cache := v.CEL
-			if cache == nil {
-				cache = cel.NewCache(10, cel.Features{})
-			}
-			// A class whose selectors do not decide on the driver is not
-			// counted: the webhook has no published devices to try them on.
-			if selects, _ := demand.ClassSelectsDriver(ctx, cache, &dc, v.Driver); selects {
+			if v.classIsOurs(ctx, &dc) {
 				return true, nil
 			}
 		}

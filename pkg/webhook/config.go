@@ -41,17 +41,6 @@ func (t Target) clientConfig(path string) admissionregistrationv1.WebhookClientC
 	return cc
 }
 
-// Match conditions of the pod webhooks (the Helm chart repeats them).
-const (
-	// UsesClaimsExpression: the pod uses a ResourceClaim.
-	UsesClaimsExpression = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
-	// SeveralClaimsExpression: a container or init container names two or
-	// more claims.
-	SeveralClaimsExpression = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 1 && " +
-		"(object.spec.containers.exists(c, has(c.resources) && has(c.resources.claims) && size(c.resources.claims) > 1) || " +
-		"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && has(c.resources.claims) && size(c.resources.claims) > 1)))"
-)
-
 // EnsureConfigurations creates or updates the mutating (pods) and
 // validating (queues) webhook configurations to point at the target.
 func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error {
@@ -68,8 +57,10 @@ func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error 
 			},
 		}}
 		mutating.Webhooks = []admissionregistrationv1.MutatingWebhook{{
-			// Pods in a managed namespace (labelled with a queue) that use a
-			// claim and name no queue: they go through the namespace's.
+			// Pods in a managed namespace (labelled with a queue) that get
+			// devices through DRA (a claim or an extended resource a
+			// DeviceClass serves) and name no queue: they go through the
+			// namespace's.
 			Name:         "namespace.gate.pods.tessera.dev",
 			ClientConfig: t.clientConfig(PodsPath),
 			Rules:        podRules,
@@ -79,7 +70,7 @@ func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error 
 			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 				Key: v1alpha1.QueueLabel, Operator: metav1.LabelSelectorOpDoesNotExist,
 			}}},
-			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "uses-claims", Expression: UsesClaimsExpression}},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "uses-devices", Expression: UsesDevicesExpression}},
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},
@@ -120,7 +111,7 @@ func EnsureConfigurations(ctx context.Context, c client.Client, t Target) error 
 					Scope: ptr.To(admissionregistrationv1.NamespacedScope),
 				},
 			}},
-			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "container-uses-several-claims", Expression: SeveralClaimsExpression}},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "container-uses-several-devices", Expression: SeveralDevicesExpression}},
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},

@@ -19,8 +19,6 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -38,11 +36,13 @@ const (
 )
 
 // PodGater puts pods into their queue at creation: a pod that names a
-// queue with the queue label, or that uses a ResourceClaim in a namespace
-// labelled with a queue (a managed namespace), gets the queue label (the
-// namespace's when it names none) and the admission scheduling gate. A pod
-// naming a queue whose namespaceSelector does not match its namespace is
-// refused. Other pods are not touched.
+// queue with the queue label, or that gets devices through DRA (a
+// ResourceClaim, or an extended resource a DeviceClass serves) in a
+// namespace labelled with a queue (a managed namespace), gets the queue
+// label (the namespace's when it names none) and the admission scheduling
+// gate. A pod naming a queue whose namespaceSelector does not match its
+// namespace is refused (the controller checks again when it admits). Other
+// pods are not touched.
 type PodGater struct {
 	Decoder admission.Decoder
 	// Reader reads the pod's Namespace and Queue; nil skips the
@@ -68,14 +68,24 @@ func (g *PodGater) Handle(ctx context.Context, req admission.Request) admission.
 	}
 	var nsLabels map[string]string
 	q, labelled := pod.Labels[v1alpha1.QueueLabel]
+	devices := len(pod.Spec.ResourceClaims) > 0
 	if g.Reader != nil {
 		var namespace corev1.Namespace
 		if err := g.Reader.Get(ctx, client.ObjectKey{Name: ns}, &namespace); err != nil {
 			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading namespace %s: %w", ns, err))
 		}
 		nsLabels = namespace.Labels
-		if _, managed := nsLabels[v1alpha1.QueueLabel]; !managed && !labelled && len(pod.Spec.ResourceClaims) > 0 {
-			// The cache says unmanaged, which lets this claim user run
+		if !labelled && !devices {
+			// Devices come through extended resources too, which only the
+			// live DeviceClasses tell apart from a device plugin's.
+			ext, err := extendedResources(ctx, g.Reader)
+			if err != nil {
+				return admission.Errored(http.StatusInternalServerError, err)
+			}
+			devices, _ = usesDevices(pod, ext)
+		}
+		if _, managed := nsLabels[v1alpha1.QueueLabel]; !managed && !labelled && devices {
+			// The cache says unmanaged, which lets this device user run
 			// outside any queue: a namespace labelled a moment ago may not
 			// be in the cache yet, and a stale cache may not decide in the
 			// tenant's favour. Ask the API server.
@@ -86,26 +96,29 @@ func (g *PodGater) Handle(ctx context.Context, req admission.Request) admission.
 				nsLabels = namespace.Labels
 			}
 		}
+	} else {
+		devices, _ = usesDevices(pod, nil)
 	}
 	stamp := false
 	if !labelled {
 		nsQueue, managed := nsLabels[v1alpha1.QueueLabel]
-		if !managed || len(pod.Spec.ResourceClaims) == 0 {
+		if !managed || !devices {
 			return admission.Allowed("no queue label")
 		}
-		// A managed namespace: its pods that use claims go through its queue.
+		// A managed namespace: its pods that get devices through DRA go
+		// through its queue.
 		q, stamp = nsQueue, true
 	}
 	if g.Reader != nil && q != "" {
-		var queue v1alpha1.Queue
-		err := g.Reader.Get(ctx, client.ObjectKey{Name: q}, &queue)
+		var qobj v1alpha1.Queue
+		err := g.Reader.Get(ctx, client.ObjectKey{Name: q}, &qobj)
 		switch {
 		case apierrors.IsNotFound(err):
 			// The controller says so in the pod's condition until it exists.
 		case err != nil:
 			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading queue %s: %w", q, err))
 		default:
-			if msg := namespaceRefused(&queue, ns, nsLabels); msg != "" {
+			if msg := queue.FromAPI(&qobj).RefusesNamespace(ns, nsLabels); msg != "" {
 				return admission.Denied(msg)
 			}
 		}
@@ -121,7 +134,7 @@ func (g *PodGater) Handle(ctx context.Context, req admission.Request) admission.
 	}
 	if pod.Spec.NodeName != "" {
 		if stamp {
-			return admission.Denied(fmt.Sprintf("namespace %s is managed by queue %s (label %s): a pod that uses a ResourceClaim goes through the queue and cannot name a node at creation (spec.nodeName %s); leave spec.nodeName out", ns, q, v1alpha1.QueueLabel, pod.Spec.NodeName))
+			return admission.Denied(fmt.Sprintf("namespace %s is managed by queue %s (label %s): a pod that gets devices through DRA (a ResourceClaim or an extended resource a DeviceClass serves) goes through the queue and cannot name a node at creation (spec.nodeName %s); leave spec.nodeName out", ns, q, v1alpha1.QueueLabel, pod.Spec.NodeName))
 		}
 		// A pod bound at creation cannot be gated; the controller charges it.
 		return admission.Allowed("bound at creation: not gated").WithWarnings(fmt.Sprintf("pod names node %s: it bypasses queue %s's admission (it is still charged)", pod.Spec.NodeName, q))
@@ -145,22 +158,6 @@ func (g *PodGater) Handle(ctx context.Context, req admission.Request) admission.
 	}
 	klog.FromContext(ctx).V(4).Info("Gating pod", "pod", klog.KRef(ns, podName(pod, req)), "queue", q, "fromNamespace", stamp)
 	return admission.PatchResponseFromRaw(orig, mutated)
-}
-
-// namespaceRefused returns why queue q does not take pods of namespace ns
-// (labels nsLabels), or "" when it does.
-func namespaceRefused(q *v1alpha1.Queue, ns string, nsLabels map[string]string) string {
-	if q.Spec.NamespaceSelector == nil {
-		return ""
-	}
-	sel, err := metav1.LabelSelectorAsSelector(q.Spec.NamespaceSelector)
-	if err != nil {
-		return fmt.Sprintf("queue %s has an invalid spec.namespaceSelector (%v): ask the cluster administrator to fix it", q.Name, err)
-	}
-	if sel.Matches(labels.Set(nsLabels)) {
-		return ""
-	}
-	return fmt.Sprintf("queue %s takes pods only from namespaces matching its namespaceSelector %q; namespace %s does not match: use a queue meant for this namespace", q.Name, sel.String(), ns)
 }
 
 func podName(p *corev1.Pod, req admission.Request) string {

@@ -9,7 +9,9 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -30,11 +32,18 @@ func TestPodGaterNamespaces(t *testing.T) {
 	teamA := decidetest.Queue("team-a", "", "16Gi", "")
 	teamA.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}
 	open := decidetest.Queue("default", "", "", "")
-	r := fake.NewClientBuilder().WithScheme(s).WithObjects(teamA, open,
+	objs := []client.Object{teamA, open,
 		namespace("a-ns", map[string]string{"team": "a"}),
 		namespace("b-ns", map[string]string{"team": "b"}),
 		namespace("managed", map[string]string{"team": "a", v1alpha1.QueueLabel: "team-a"}),
-	).Build()
+	}
+	for _, dc := range decidetest.Classes() {
+		objs = append(objs, dc)
+	}
+	explicit := decidetest.Classes()[0].DeepCopy()
+	explicit.Name, explicit.Spec.ExtendedResourceName = "whole", ptr.To("example.com/gpu")
+	objs = append(objs, explicit)
+	r := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
 	g := &webhook.PodGater{Decoder: webhook.NewDecoder(s), Reader: r}
 	ctx := context.Background()
 	withClaim := decidetest.PodOptions{Templates: []string{"gpu"}}
@@ -55,6 +64,11 @@ func TestPodGaterNamespaces(t *testing.T) {
 		{"managed namespace: gated without label still gets it", decidetest.Pod("managed", "p", decidetest.PodOptions{Templates: []string{"gpu"}, Gated: true}), "", "team-a", false},
 		{"managed namespace: no claim, not touched", decidetest.Pod("managed", "p", decidetest.PodOptions{}), "", "", false},
 		{"unmanaged namespace: unlabelled claim user not touched", decidetest.Pod("a-ns", "p", withClaim), "", "", false},
+		{"managed namespace: implicit extended resource user gets its queue", decidetest.Pod("managed", "p", decidetest.PodOptions{Extended: map[string]string{decidetest.ImplicitGPU: "1"}}), "", "team-a", true},
+		{"managed namespace: the implicit name of a class not created yet counts", decidetest.Pod("managed", "p", decidetest.PodOptions{Extended: map[string]string{"deviceclass.resource.kubernetes.io/later": "1"}}), "", "team-a", true},
+		{"managed namespace: a class's extendedResourceName counts", decidetest.Pod("managed", "p", decidetest.PodOptions{Extended: map[string]string{"example.com/gpu": "2"}}), "", "team-a", true},
+		{"managed namespace: a device plugin's resource (no class serves it) not touched", decidetest.Pod("managed", "p", decidetest.PodOptions{Extended: map[string]string{"example.com/fpga": "1"}}), "", "", false},
+		{"unmanaged namespace: unlabelled extended resource user not touched", decidetest.Pod("a-ns", "p", decidetest.PodOptions{Extended: map[string]string{decidetest.ImplicitGPU: "1"}}), "", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := g.Handle(ctx, request(t, admissionv1.Create, "p", tc.pod))
@@ -83,15 +97,27 @@ func TestPodGaterNamespaces(t *testing.T) {
 			}
 		})
 	}
-	bound := decidetest.Pod("managed", "p", withClaim)
-	bound.Spec.NodeName = "n1"
-	if resp := g.Handle(ctx, request(t, admissionv1.Create, "p", bound)); resp.Allowed {
-		t.Error("a claim user bound at creation in a managed namespace skips its queue: want refused")
+	for _, o := range []decidetest.PodOptions{withClaim, {Extended: map[string]string{decidetest.ImplicitGPU: "1"}}} {
+		bound := decidetest.Pod("managed", "p", o)
+		bound.Spec.NodeName = "n1"
+		if resp := g.Handle(ctx, request(t, admissionv1.Create, "p", bound)); resp.Allowed {
+			t.Errorf("a device user (%+v) bound at creation in a managed namespace skips its queue: want refused", o)
+		}
 	}
 }
 
-// A container with two claims of the driver's classes is refused; one
-// claim of the driver's and one of another driver's (a NIC) is not.
+// extended adds an extended resource to the pod's first container.
+func extended(p *corev1.Pod, name string) *corev1.Pod {
+	c := &p.Spec.Containers[0]
+	c.Resources.Limits = corev1.ResourceList{corev1.ResourceName(name): resource.MustParse("1")}
+	c.Resources.Requests = c.Resources.Limits.DeepCopy()
+	return p
+}
+
+// A container with two claims of the driver's classes is refused, and so
+// is a claim next to an extended resource a Tessera class serves (the
+// scheduler makes a second claim for it); one claim of the driver's and
+// one of another driver's (a NIC) is not.
 func TestClaimValidator(t *testing.T) {
 	s := scheme(t)
 	objs := []client.Object{
@@ -130,6 +156,10 @@ func TestClaimValidator(t *testing.T) {
 		{"init container", pod([]string{"gpu", "slice"}, nil, true), "container init uses 2 claims"},
 		{"tessera and a NIC", pod([]string{"gpu", "nic"}, nil, false), ""},
 		{"missing template", pod([]string{"gpu", "nope"}, nil, false), "ResourceClaimTemplate nope does not exist"},
+		{"a claim and a Tessera extended resource", extended(pod([]string{"gpu"}, nil, false), decidetest.ImplicitGPU),
+			"container c uses 2 claims with gpu.tessera.dev devices (extended resource deviceclass.resource.kubernetes.io/gpu.tessera.dev, t0)"},
+		{"a NIC claim and a Tessera extended resource", extended(pod([]string{"nic"}, nil, false), decidetest.ImplicitGPU), ""},
+		{"a Tessera claim and a NIC extended resource", extended(pod([]string{"gpu"}, nil, false), "deviceclass.resource.kubernetes.io/nic.example.com"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := v.Handle(context.Background(), request(t, admissionv1.Create, "p", tc.pod))

@@ -77,7 +77,7 @@ func Read(ctx context.Context, r client.Reader) (*State, error) {
 	if err := r.List(ctx, &pods, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
-	if err := r.List(ctx, &namespaces, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+	if err := r.List(ctx, &namespaces); err != nil {
 		return nil, fmt.Errorf("listing namespaces: %w", err)
 	}
 	s := &State{}

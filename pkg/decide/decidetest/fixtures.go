@@ -125,6 +125,9 @@ type PodOptions struct {
 	Gated     bool
 	Created   metav1.Time
 	Priority  int32
+	// Extended are extended resources the container asks (limits and
+	// requests), e.g. {"deviceclass.resource.kubernetes.io/gpu.tessera.dev": "1"}.
+	Extended map[string]string
 }
 
 // Pod returns a pod labelled for a queue.
@@ -151,8 +154,20 @@ func Pod(ns, name string, o PodOptions) *corev1.Pod {
 	if o.Gated {
 		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: v1alpha1.AdmissionGate}}
 	}
+	if len(o.Extended) > 0 {
+		c := &p.Spec.Containers[0]
+		c.Resources.Limits, c.Resources.Requests = corev1.ResourceList{}, corev1.ResourceList{}
+		for name, q := range o.Extended {
+			c.Resources.Limits[corev1.ResourceName(name)] = resource.MustParse(q)
+			c.Resources.Requests[corev1.ResourceName(name)] = resource.MustParse(q)
+		}
+	}
 	return p
 }
+
+// ImplicitGPU is the extended resource every cluster with the
+// gpu.tessera.dev DeviceClass answers to (DRAExtendedResource).
+const ImplicitGPU = "deviceclass.resource.kubernetes.io/gpu.tessera.dev"
 
 // Queue returns a Queue with memory quota and limit ("" = unset); with
 // both unset it lists no resources.

@@ -226,3 +226,33 @@ ClusterRole and the canary's): see controller-rbac.yaml. */}}
   resources: ["queues/status"]
   verbs: ["update", "patch"]
 {{- end -}}
+
+{{/*
+The extended resource names the pod policies count as DRA devices besides
+deviceclass.resource.kubernetes.io/<class> (DRAExtendedResource: every
+DeviceClass answers to it): the chart's gpu.tessera.dev extendedResourceName
+when enabled, and admissionPolicies.extendedResourceNames (names that
+DeviceClasses made outside the chart serve). A JSON list.
+*/}}
+{{- define "tessera.extendedResourceNames" -}}
+{{- $names := .Values.admissionPolicies.extendedResourceNames | default list -}}
+{{- if .Values.deviceClasses.extendedResourceName.enabled -}}
+{{- $names = append $names .Values.deviceClasses.extendedResourceName.name -}}
+{{- end -}}
+{{- $names | uniq | toJson -}}
+{{- end -}}
+
+{{/*
+CEL over a container `c`: it gets devices through DRA, by a claim or by an
+extended resource a DeviceClass serves. Policies cannot read DeviceClasses:
+for the implicit name every class counts, for explicit names those of
+tessera.extendedResourceNames (the webhook reads the live classes).
+*/}}
+{{- define "tessera.cel.containerUsesDevices" -}}
+has(c.resources) && ((has(c.resources.claims) && size(c.resources.claims) > 0) || (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith("deviceclass.resource.kubernetes.io/") || k in {{ include "tessera.extendedResourceNames" . }})))
+{{- end -}}
+
+{{/* CEL over `object` (a pod): it gets devices through DRA. */}}
+{{- define "tessera.cel.podUsesDevices" -}}
+(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) || (object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, {{ include "tessera.cel.containerUsesDevices" . }})
+{{- end -}}
