@@ -12,6 +12,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -24,7 +25,8 @@ import (
 // `edit` role, as the controller and as the kubelet plugin.
 func TestAdmissionPolicies(t *testing.T) {
 	s, ctx, admin := chartAPIServer(t)
-	install := s.installChart(t, "--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true")
+	install := s.installChart(t, "--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true",
+		"--set-json", `admissionPolicies.extendedResourceNames=["example.com/gpu"]`)
 
 	// A tenant: a ServiceAccount with what `edit` gives on pods and claims
 	// in its namespace (the built-in `edit` is an aggregated role, and no
@@ -157,7 +159,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		{Name: "GPU_CORE_UTILIZATION_POLICY", Value: "disable"}, {Name: "TESSERA_ENFORCEMENT", Value: "none"},
 	} {
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, pod("env", nil, false, true, e), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		refused("claim user sets "+e.Name, err, "container main uses a ResourceClaim and sets a variable the GPU enforcement reads")
+		refused("claim user sets "+e.Name, err, "container main gets devices through DRA and sets a variable the GPU enforcement reads")
 	}
 	withPrefix := pod("envfrom", nil, false, true)
 	withPrefix.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "CUDA_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}}
@@ -182,6 +184,26 @@ func TestAdmissionPolicies(t *testing.T) {
 	allowed("queued, gated claim user in a managed namespace", err)
 	_, err = tenantM.CoreV1().Pods("managed").Create(ctx, pod("m", nil, false, false), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	allowed("pod without claims in a managed namespace", err)
+
+	// 3 and 5 hold for devices asked through extended resources: the
+	// implicit name of any class, and the names admissionPolicies lists.
+	extended := func(name string, labels map[string]string, gated bool, res string, env ...corev1.EnvVar) *corev1.Pod {
+		p := pod(name, labels, gated, false, env...)
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(res): resource.MustParse("1")}
+		return p
+	}
+	for _, res := range []string{"deviceclass.resource.kubernetes.io/gpu.tessera.dev", "deviceclass.resource.kubernetes.io/any-class", "example.com/gpu"} {
+		_, err = tenantM.CoreV1().Pods("managed").Create(ctx, extended("x", nil, false, res), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		refused(res+" without queue in a managed namespace", err, "a pod that gets devices through DRA (a ResourceClaim, or an extended resource a DeviceClass serves) goes through a queue")
+		_, err = tenantM.CoreV1().Pods("managed").Create(ctx, extended("x", queued, false, res), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		refused(res+" without gate in a managed namespace", err, "waits for admission")
+		_, err = tenantM.CoreV1().Pods("managed").Create(ctx, extended("x", queued, true, res), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		allowed(res+", queued and gated, in a managed namespace", err)
+		_, err = tenant.CoreV1().Pods("team-a").Create(ctx, extended("x", nil, false, res, corev1.EnvVar{Name: "CUDA_DEVICE_MEMORY_LIMIT_0", Value: "80g"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		refused(res+" user sets CUDA_DEVICE_MEMORY_LIMIT_0", err, "container main gets devices through DRA and sets a variable")
+	}
+	_, err = tenantM.CoreV1().Pods("managed").Create(ctx, extended("x", nil, false, "example.com/fpga"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	allowed("a device plugin's resource (no class the policies know) in a managed namespace", err)
 
 	// 5d. NVIDIA_VISIBLE_DEVICES outside a claim (legacy NVIDIA runtime).
 	testNvidiaVisibleDevices(t, ctx, admin, tenant)

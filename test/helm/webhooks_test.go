@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -131,4 +133,57 @@ func TestWebhooksInAPIServer(t *testing.T) {
 		t.Errorf("one Tessera claim and a NIC claim: %v", err)
 	}
 	refused("deleting a parent queue", c.Delete(ctx, org.DeepCopy()), "queue org is the parent of team-a")
+
+	// Devices through extended resources: the implicit name of Tessera's
+	// class is gated in a managed namespace, and next to a Tessera claim in
+	// one container it is a second claim.
+	extended := func(p *corev1.Pod, res string) *corev1.Pod {
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(res): resource.MustParse("1")}
+		return p
+	}
+	if p, err := create(extended(pod("managed", "p", nil), "deviceclass.resource.kubernetes.io/gpu.tessera.dev")); err != nil || p.Labels["tessera.dev/queue"] != "team-a" || len(p.Spec.SchedulingGates) != 1 {
+		t.Errorf("extended-resource user in a managed namespace: %v, labels %v, gates %v; want queue team-a and the gate", err, p.Labels, p.Spec.SchedulingGates)
+	}
+	if p, err := create(extended(pod("managed", "p", nil), "example.com/fpga")); err != nil || len(p.Spec.SchedulingGates) != 0 {
+		t.Errorf("a device plugin's resource in a managed namespace: %v, gates %v; want untouched", err, p.Spec.SchedulingGates)
+	}
+	_, err = create(extended(pod("team-b", "p", nil, "gpu"), "deviceclass.resource.kubernetes.io/gpu.tessera.dev"))
+	refused("one container, a Tessera claim and a Tessera extended resource", err, "use one claim with several requests instead")
+	if _, err := create(extended(pod("team-b", "p", nil, "nic"), "deviceclass.resource.kubernetes.io/gpu.tessera.dev")); err != nil {
+		t.Errorf("a NIC claim and a Tessera extended resource: %v", err)
+	}
+}
+
+// The chart's pod webhooks send exactly the pods pkg/webhook's match
+// conditions name (the controller writes the same conditions when it
+// keeps its own configurations, as a host process).
+func TestWebhookMatchConditions(t *testing.T) {
+	objs := renderTyped(t, valueSets[0])
+	squash := func(s string) string { return strings.Join(strings.Fields(s), "") }
+	m := get[*admissionregistrationv1.MutatingWebhookConfiguration](t, objs, "MutatingWebhookConfiguration", ReleaseName+"-pod-admission")
+	v := get[*admissionregistrationv1.ValidatingWebhookConfiguration](t, objs, "ValidatingWebhookConfiguration", ReleaseName+"-queue-validation")
+	want := map[string]string{"uses-devices": webhook.UsesDevicesExpression, "container-uses-several-devices": webhook.SeveralDevicesExpression}
+	seen := 0
+	check := func(conds []admissionregistrationv1.MatchCondition) {
+		for _, c := range conds {
+			w, ok := want[c.Name]
+			if !ok {
+				t.Errorf("match condition %s is not one of pkg/webhook's", c.Name)
+				continue
+			}
+			seen++
+			if squash(c.Expression) != squash(w) {
+				t.Errorf("match condition %s:\nchart %s\nGo    %s", c.Name, c.Expression, w)
+			}
+		}
+	}
+	for _, wh := range m.Webhooks {
+		check(wh.MatchConditions)
+	}
+	for _, wh := range v.Webhooks {
+		check(wh.MatchConditions)
+	}
+	if seen != len(want) {
+		t.Errorf("found %d of the %d match conditions", seen, len(want))
+	}
 }
