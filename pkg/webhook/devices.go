@@ -29,12 +29,17 @@ const (
 		"object.spec.containers.exists(c, " + extendedResourceCEL + ") || " +
 		"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, " + extendedResourceCEL + "))"
 	// SeveralDevicesExpression: a container or init container names two or
-	// more claims, or a claim and an extended resource a DeviceClass may
-	// serve (the claim kube-scheduler makes for it is a second claim).
-	SeveralDevicesExpression = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0 && " +
+	// more claims, a claim's request, or a claim and an extended resource a
+	// DeviceClass may serve (the claim kube-scheduler makes for it is a
+	// second claim); or two containers ask for extended resources (one
+	// claim split between them).
+	SeveralDevicesExpression = "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0 && " +
 		"(object.spec.containers.exists(c, " + severalCEL + ") || " +
-		"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, " + severalCEL + ")))"
+		"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, " + severalCEL + ")))) || " +
+		"size((has(object.spec.initContainers) ? object.spec.initContainers : []).filter(c, " + extendedResourceCEL + ")) + " +
+		"size(object.spec.containers.filter(c, " + extendedResourceCEL + ")) > 1"
 	severalCEL = "has(c.resources) && has(c.resources.claims) && (size(c.resources.claims) > 1 || " +
+		"c.resources.claims.exists(r, has(r.request)) || " +
 		"(size(c.resources.claims) > 0 && " + extendedResourceCEL + "))"
 )
 

@@ -114,6 +114,27 @@ func extended(p *corev1.Pod, name string) *corev1.Pod {
 	return p
 }
 
+// twoContainers adds a container (an init container when init) asking res.
+func twoContainers(p *corev1.Pod, res string, init bool) *corev1.Pod {
+	c := corev1.Container{Name: "second", Image: "busybox", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceName(res): resource.MustParse("1")}}}
+	if init {
+		p.Spec.InitContainers = append(p.Spec.InitContainers, c)
+	} else {
+		p.Spec.Containers = append(p.Spec.Containers, c)
+	}
+	return p
+}
+
+// split gives the pod's first claim to its container with request r1 and
+// to a second container with request r2 ("" = the whole claim).
+func split(p *corev1.Pod, r1, r2 string) *corev1.Pod {
+	entry := p.Spec.ResourceClaims[0].Name
+	p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: entry, Request: r1}}
+	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "second", Image: "busybox",
+		Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: entry, Request: r2}}}})
+	return p
+}
+
 // A container with two claims of the driver's classes is refused, and so
 // is a claim next to an extended resource a Tessera class serves (the
 // scheduler makes a second claim for it); one claim of the driver's and
@@ -160,6 +181,13 @@ func TestClaimValidator(t *testing.T) {
 			"container c uses 2 claims with gpu.tessera.dev devices (extended resource deviceclass.resource.kubernetes.io/gpu.tessera.dev, t0)"},
 		{"a NIC claim and a Tessera extended resource", extended(pod([]string{"nic"}, nil, false), decidetest.ImplicitGPU), ""},
 		{"a Tessera claim and a NIC extended resource", extended(pod([]string{"gpu"}, nil, false), "deviceclass.resource.kubernetes.io/nic.example.com"), ""},
+		{"two containers with Tessera extended resources", twoContainers(extended(pod(nil, nil, false), decidetest.ImplicitGPU), decidetest.ImplicitGPU, false),
+			"containers c, second ask for gpu.tessera.dev devices through extended resources"},
+		{"an init container asking no more than the container reuses its request", twoContainers(extended(pod(nil, nil, false), decidetest.ImplicitGPU), decidetest.ImplicitGPU, true), ""},
+		{"a Tessera claim split by request between containers", split(pod([]string{"gpu"}, nil, false), "r0", "r1"),
+			"claim t0 with gpu.tessera.dev devices is split between containers: c (requests r0); second (requests r1)"},
+		{"a Tessera claim given whole to two containers", split(pod([]string{"gpu"}, nil, false), "", ""), ""},
+		{"a NIC claim split by request", split(pod([]string{"nic"}, nil, false), "r0", "r1"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := v.Handle(context.Background(), request(t, admissionv1.Create, "p", tc.pod))
