@@ -121,7 +121,8 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if err != nil {
 		return nil, err
 	}
-	cfgEngine := decide.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: features}
+	cfgEngine := decide.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: features,
+		ReclaimGracePeriod: o.ReclaimGracePeriod, ReclaimPastBudgets: o.ReclaimPastBudgets}
 	// DeviceTaintRules taint devices for the scheduler as published taints
 	// do; the simulation applies them too, where the API serves them
 	// (resource.k8s.io/v1, Kubernetes 1.37).
@@ -223,7 +224,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		return err
 	}
 	klog.FromContext(ctx).Info("Starting the Tessera controller", "leaderElect", o.LeaderElect, "namespace", o.Namespace,
-		"webhook", net.JoinHostPort(o.WebhookHost, strconv.Itoa(o.WebhookPort)), "webhookConfig", o.WebhookConfig, "reclaim", o.Reclaim, "pinNodes", o.PinNodes, "stalePinGrace", o.StalePinGrace, "replaceStalePins", o.ReplaceStalePins)
+		"webhook", net.JoinHostPort(o.WebhookHost, strconv.Itoa(o.WebhookPort)), "webhookConfig", o.WebhookConfig, "reclaim", o.Reclaim, "reclaimGracePeriod", o.ReclaimGracePeriod, "reclaimPastBudgets", o.ReclaimPastBudgets, "pinNodes", o.PinNodes, "stalePinGrace", o.StalePinGrace, "replaceStalePins", o.ReplaceStalePins)
 	return mgr.Start(ctx)
 }
 

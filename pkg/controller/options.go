@@ -18,6 +18,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/features"
 )
 
@@ -72,6 +73,11 @@ type Options struct {
 	ValidatingConfiguration string
 	Reclaim                 bool
 	MaxReclaimsPerCycle     int
+	// ReclaimGracePeriod bounds a reclaimed pod's grace period;
+	// ReclaimPastBudgets deletes a reclaim victim a PodDisruptionBudget
+	// protects when no other over-quota work makes room (decide.Config).
+	ReclaimGracePeriod      time.Duration
+	ReclaimPastBudgets      bool
 	PinNodes                string
 	StalePinGrace           time.Duration
 	ReplaceStalePins        bool
@@ -157,6 +163,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ValidatingConfiguration, "validating-webhook-configuration", "", "ValidatingWebhookConfiguration made by the installer whose caBundle the controller sets (--webhook-config=patch).")
 	fs.BoolVar(&o.Reclaim, "reclaim", true, "Evict over-quota workloads of other queues (never below their quota) for a workload within its queue's quota that does not fit otherwise.")
 	fs.IntVar(&o.MaxReclaimsPerCycle, "max-reclaims-per-cycle", 16, "Workloads one admission cycle tries to reclaim for; the others wait for the next cycle.")
+	fs.DurationVar(&o.ReclaimGracePeriod, "reclaim-grace-period", decide.DefaultReclaimGracePeriod, "Longest grace period a pod evicted by reclaim gets (1s to 1h): its own terminationGracePeriodSeconds when shorter, else this, preStop hooks included; a victim already terminating with a later deadline is evicted again to cut it.")
+	fs.BoolVar(&o.ReclaimPastBudgets, "reclaim-past-budgets", true, "When only over-quota workloads whose eviction a PodDisruptionBudget refused can make room for a workload within its quota, delete them (with the reclaim grace period; needs delete on pods). False: budgets are honoured and the workload waits, holding nothing.")
 	fs.StringVar(&o.PinNodes, "pin-nodes", PinAll, "Which admitted pods get required node affinity (matchFields metadata.name) for the node the admission simulation placed them on, so that kube-scheduler filters that one node: all, gangs (members of a gang start where they were found to fit together), none. Stale pins are replaced (--stale-pin-grace).")
 	fs.DurationVar(&o.StalePinGrace, "stale-pin-grace", 2*time.Minute, "How long a pinned pod may stay unschedulable (PodScheduled=False, reason Unschedulable) before its pin counts as stale; a pin to a node that is gone is stale at once.")
 	fs.BoolVar(&o.ReplaceStalePins, "replace-stale-pins", true, "Delete a never-bound pod whose pin is stale, so that its owner recreates it and the replacement is queued again (a bare pod is deleted too: its event says to create it again); false only marks it (condition and event, reason StalePin).")
@@ -244,6 +252,9 @@ func (o *Options) Validate() error {
 	}
 	if o.WebhookPort > 65535 {
 		return fmt.Errorf("--webhook-port=%d is not a port", o.WebhookPort)
+	}
+	if o.ReclaimGracePeriod < time.Second || o.ReclaimGracePeriod > time.Hour {
+		return fmt.Errorf("--reclaim-grace-period=%s must be between 1s and 1h: a victim's pods get at most this long to stop (0 would remove them from the API before their containers stop)", o.ReclaimGracePeriod)
 	}
 	if o.StalePinGrace < 0 {
 		return fmt.Errorf("--stale-pin-grace must not be negative")

@@ -204,6 +204,15 @@ ClusterRole and the canary's): see controller-rbac.yaml. */}}
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
+{{- if and .Values.controller.reclaim .Values.controller.reclaimPastBudgets }}
+# Reclaim deletes an over-quota victim whose eviction a
+# PodDisruptionBudget refused when no other over-quota work makes room
+# (controller.reclaimPastBudgets); the policy <controller>-pod-deletes
+# allows it only on queued pods it marked Reclaimed.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["delete"]
+{{- end }}
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
@@ -225,4 +234,25 @@ ClusterRole and the canary's): see controller-rbac.yaml. */}}
 - apiGroups: ["tessera.dev"]
   resources: ["queues/status"]
   verbs: ["update", "patch"]
+{{- end -}}
+
+{{/* Which pods the sandbox policy (<release>-sandbox) holds to Tessera's
+sandbox, as one CEL expression over object and namespaceObject: every pod
+of a managed namespace (label tessera.dev/queue), and anywhere else a pod
+that may hold one of Tessera's devices: queued (label tessera.dev/queue),
+using a ResourceClaim, or asking a DRA extended resource (a resources key
+under deviceclass.resource.kubernetes.io/, or the chart's
+deviceClasses.extendedResourceName when enabled) in any container or init
+container. What counts as a device user grows here, in one place. */}}
+{{- define "tessera.sandbox.podMatches" -}}
+{{- $keys := list -}}
+{{- if .Values.deviceClasses.extendedResourceName.enabled -}}
+{{- $keys = append $keys .Values.deviceClasses.extendedResourceName.name -}}
+{{- end -}}
+namespaceObject.metadata.?labels[?"tessera.dev/queue"].hasValue() ||
+      object.metadata.?labels[?"tessera.dev/queue"].hasValue() ||
+      object.spec.?resourceClaims.orValue([]).size() > 0 ||
+      (object.spec.containers + object.spec.?initContainers.orValue([])).exists(c,
+        [c.?resources.?limits.orValue({}), c.?resources.?requests.orValue({})].exists(m, m.exists(k,
+          k.startsWith("deviceclass.resource.kubernetes.io/") || k in {{ toJson $keys }})))
 {{- end -}}
