@@ -373,6 +373,7 @@ func CheckInstall(ctx context.Context, cfg *rest.Config, opts Options, out io.Wr
 	return installcheck.Run(ctx, c, installcheck.Options{
 		Driver: devicemodel.DriverName, DeviceClasses: opts.CheckInstallDeviceClasses,
 		Namespace: opts.Namespace, Queue: opts.CheckInstallQueue, Image: "registry.k8s.io/pause:3.10",
+		SandboxPolicy: opts.CheckInstallSandboxPolicy,
 	}, out)
 }
 

@@ -107,6 +107,7 @@ type Options struct {
 	CheckInstall              bool
 	CheckInstallQueue         string
 	CheckInstallDeviceClasses []string
+	CheckInstallSandboxPolicy string
 	// Shadow runs the controller in shadow mode (shadow.go): it decides
 	// and compares, and writes nothing but its report, the ConfigMap
 	// ShadowReport in Namespace. ShadowQueues is a file of Queues that
@@ -187,6 +188,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ControllerName, "controller-name", v1alpha1.DefaultControllerName, "Which queues this controller decides (canary queues): those whose root queue's spec.controllerName names it; "+v1alpha1.DefaultControllerName+" (the main controller) also takes the queues that name none. Another name (a canary release) serves no webhooks and takes its own lease, tessera-controller-<name>.tessera.dev.")
 	fs.BoolVar(&o.CheckInstall, "check-install", false, "Check the installation and exit (the Helm chart's `helm test`): DeviceClasses, ResourceSlices, the Queue API and, with --check-install-queue, that the pod webhook gates a queued pod (a dry run in --namespace).")
 	fs.StringVar(&o.CheckInstallQueue, "check-install-queue", "", "Queue the --check-install dry-run pod names; empty skips the webhook check.")
+	fs.StringVar(&o.CheckInstallSandboxPolicy, "check-install-sandbox-policy", "", "ValidatingAdmissionPolicy --check-install expects to keep device users in Tessera's sandbox (the chart's <release>-sandbox); empty skips the check.")
 	fs.StringSliceVar(&o.CheckInstallDeviceClasses, "check-install-device-classes", []string{"gpu.tessera.dev", "mig.tessera.dev", "timeslice.tessera.dev"}, "DeviceClasses --check-install expects.")
 }
 

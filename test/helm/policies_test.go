@@ -3,6 +3,7 @@ package helm
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/enforce"
 )
 
 // TestAdmissionPolicies installs the chart without its webhooks (so only
@@ -65,10 +68,13 @@ func TestAdmissionPolicies(t *testing.T) {
 	tenantM := s.impersonate(t, "managed", "tenant", "")
 	ctl := s.impersonate(t, DefaultNamespace, controllerName, "")
 
+	// Pods in Tessera's sandbox (policy <release>-sandbox) name a seccomp
+	// profile; testSandbox tries the rest.
 	pod := func(name string, labels map[string]string, gated, claim bool, env ...corev1.EnvVar) *corev1.Pod {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox", Env: env}}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox", Env: env}},
+				SecurityContext: runtimeDefault()},
 		}
 		if gated {
 			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "tessera.dev/admission"}}
@@ -150,14 +156,35 @@ func TestAdmissionPolicies(t *testing.T) {
 	// the kubelet's and the scheduler's writes pass.
 	testTesseraKeys(t, ctx, s, admin, tenant, ctl)
 
-	// 5. The pod's env cannot loosen its limits.
-	for _, e := range []corev1.EnvVar{
-		{Name: "CUDA_DEVICE_MEMORY_LIMIT_0", Value: "80g"}, {Name: "CUDA_DEVICE_SM_LIMIT", Value: "100"},
-		{Name: "CUDA_DEVICE_MEMORY_SHARED_CACHE", Value: "/tmp/x"}, {Name: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", Value: "0=80G"},
-		{Name: "GPU_CORE_UTILIZATION_POLICY", Value: "disable"}, {Name: "TESSERA_ENFORCEMENT", Value: "none"},
-	} {
+	// 5. The pod's env cannot loosen its limits: every variable HAMi-core
+	// reads (enforce.HAMiCoreEnv) but the allowed ones, as a value or from
+	// a ConfigMap or Secret key, and Tessera's own.
+	envs := []corev1.EnvVar{{Name: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", Value: "0=80G"}, {Name: "TESSERA_ENFORCEMENT", Value: "none"}}
+	for _, name := range enforce.HAMiCoreEnv {
+		name = strings.ReplaceAll(name, "<i>", "0")
+		if slices.Contains(enforce.HAMiCoreEnvAllowed, name) {
+			_, err := tenant.CoreV1().Pods("team-a").Create(ctx, pod("env", nil, false, true, corev1.EnvVar{Name: name, Value: "1"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			allowed("claim user sets "+name+" (allowed: docs/enforcement.md)", err)
+			continue
+		}
+		envs = append(envs, corev1.EnvVar{Name: name, Value: "1"},
+			corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}, Key: "k"}}})
+	}
+	for _, e := range envs {
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, pod("env", nil, false, true, e), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		refused("claim user sets "+e.Name, err, "container main uses a ResourceClaim and sets a variable the GPU enforcement reads")
+		refused(fmt.Sprintf("claim user sets %s (from a key: %v)", e.Name, e.ValueFrom != nil), err, "container main uses a ResourceClaim and sets a variable the GPU enforcement reads")
+	}
+	for _, prefix := range []string{"CUDA_RED", "ACTIVE_", "RECORD_KERNEL_", "GPU_", "CUDA_TASK", "CUDA_DEVICE_SM_LIMIT_"} {
+		p := pod("envfrom", nil, false, true)
+		p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: prefix, SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}}}}
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		refused("claim user's envFrom prefix "+prefix, err, "envFrom prefix")
+	}
+	for _, prefix := range []string{"LIBCUDA_", "APP_", "CUDA_DEVICE_ORDER"} {
+		p := pod("envfrom", nil, false, true)
+		p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: prefix, SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}}}}
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		allowed("claim user's envFrom prefix "+prefix, err)
 	}
 	withPrefix := pod("envfrom", nil, false, true)
 	withPrefix.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "CUDA_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}}
@@ -185,6 +212,14 @@ func TestAdmissionPolicies(t *testing.T) {
 
 	// 5d. NVIDIA_VISIBLE_DEVICES outside a claim (legacy NVIDIA runtime).
 	testNvidiaVisibleDevices(t, ctx, admin, tenant)
+
+	// 10. The sandbox: no privileged pods, host namespaces, hostPath,
+	// added capabilities or unconfined seccomp for device users and in
+	// managed namespaces.
+	testSandbox(t, ctx, admin, tenant, tenantM)
+
+	// 8b. Reclaim deletes only queued pods it marked Reclaimed.
+	testControllerDeletes(t, ctx, admin, ctl)
 
 	// 8. The plugin writes the status only of claims allocated on its node.
 	claim := &resourceapi.ResourceClaim{
@@ -259,7 +294,7 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 	meta := func(name string, labels, annotations map[string]string) *corev1.Pod {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}, SecurityContext: runtimeDefault()},
 		}
 	}
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
@@ -396,7 +431,8 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 func nvidiaPod(name string, env ...corev1.EnvVar) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "nvidia/cuda", Env: env}}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "nvidia/cuda", Env: env}},
+			SecurityContext: runtimeDefault()},
 	}
 }
 
