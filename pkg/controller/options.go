@@ -164,7 +164,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ValidatingConfiguration, "validating-webhook-configuration", "", "ValidatingWebhookConfiguration made by the installer whose caBundle the controller sets (--webhook-config=patch).")
 	fs.BoolVar(&o.Reclaim, "reclaim", true, "Evict over-quota workloads of other queues (never below their quota) for a workload within its queue's quota that does not fit otherwise.")
 	fs.IntVar(&o.MaxReclaimsPerCycle, "max-reclaims-per-cycle", 16, "Workloads one admission cycle tries to reclaim for; the others wait for the next cycle.")
-	fs.DurationVar(&o.ReclaimGracePeriod, "reclaim-grace-period", decide.DefaultReclaimGracePeriod, "Longest grace period a pod evicted by reclaim gets (1s to 1h): its own terminationGracePeriodSeconds when shorter, else this, preStop hooks included; a victim already terminating with a later deadline is evicted again to cut it.")
+	fs.DurationVar(&o.ReclaimGracePeriod, "reclaim-grace-period", decide.DefaultReclaimGracePeriod, "Longest grace period a pod evicted by reclaim gets (1s to 1h; 0: the default): its own terminationGracePeriodSeconds when shorter, else this, preStop hooks included; a victim already terminating with a later deadline is evicted again to cut it.")
 	fs.BoolVar(&o.ReclaimPastBudgets, "reclaim-past-budgets", true, "When only over-quota workloads whose eviction a PodDisruptionBudget refused can make room for a workload within its quota, delete them (with the reclaim grace period; needs delete on pods). False: budgets are honoured and the workload waits, holding nothing.")
 	fs.StringVar(&o.PinNodes, "pin-nodes", PinAll, "Which admitted pods get required node affinity (matchFields metadata.name) for the node the admission simulation placed them on, so that kube-scheduler filters that one node: all, gangs (members of a gang start where they were found to fit together), none. Stale pins are replaced (--stale-pin-grace).")
 	fs.DurationVar(&o.StalePinGrace, "stale-pin-grace", 2*time.Minute, "How long a pinned pod may stay unschedulable (PodScheduled=False, reason Unschedulable) before its pin counts as stale; a pin to a node that is gone is stale at once.")
@@ -255,8 +255,8 @@ func (o *Options) Validate() error {
 	if o.WebhookPort > 65535 {
 		return fmt.Errorf("--webhook-port=%d is not a port", o.WebhookPort)
 	}
-	if o.ReclaimGracePeriod < time.Second || o.ReclaimGracePeriod > time.Hour {
-		return fmt.Errorf("--reclaim-grace-period=%s must be between 1s and 1h: a victim's pods get at most this long to stop (0 would remove them from the API before their containers stop)", o.ReclaimGracePeriod)
+	if o.ReclaimGracePeriod != 0 && (o.ReclaimGracePeriod < time.Second || o.ReclaimGracePeriod > time.Hour) {
+		return fmt.Errorf("--reclaim-grace-period=%s must be between 1s and 1h (0: the default, %s): a victim's pods get at most this long to stop, and a grace period of 0 would remove them from the API before their containers stop", o.ReclaimGracePeriod, decide.DefaultReclaimGracePeriod)
 	}
 	if o.StalePinGrace < 0 {
 		return fmt.Errorf("--stale-pin-grace must not be negative")

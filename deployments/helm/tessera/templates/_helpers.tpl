@@ -256,3 +256,11 @@ namespaceObject.metadata.?labels[?"tessera.dev/queue"].hasValue() ||
         [c.?resources.?limits.orValue({}), c.?resources.?requests.orValue({})].exists(m, m.exists(k,
           k.startsWith("deviceclass.resource.kubernetes.io/") || k in {{ toJson $keys }})))
 {{- end -}}
+
+{{/* A sandbox check over the containers a request adds (variables.regular,
+variables.ephemeral: two types, two lists): the names (or "name", a CEL
+expression over c) of those for which "test" holds. */}}
+{{- define "tessera.sandbox.each" -}}
+{{- $name := .name | default "c.name" -}}
+variables.regular.filter(c, {{ .test }}).map(c, {{ $name }}) + variables.ephemeral.filter(c, {{ .test }}).map(c, {{ $name }})
+{{- end -}}
