@@ -27,7 +27,10 @@ import (
 // `edit` role, as the controller and as the kubelet plugin.
 func TestAdmissionPolicies(t *testing.T) {
 	s, ctx, admin := chartAPIServer(t)
-	install := s.installChart(t, "--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true")
+	// The sandbox as the chart's defaults have it (the local cluster's
+	// values tell it the nodes default to RuntimeDefault).
+	install := s.installChart(t, "--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true",
+		"--set", "admissionPolicies.sandbox.nodesSeccompDefault=false")
 
 	// A tenant: a ServiceAccount with what `edit` gives on pods and claims
 	// in its namespace (the built-in `edit` is an aggregated role, and no
@@ -269,6 +272,23 @@ func TestAdmissionPolicies(t *testing.T) {
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, nvidiaPod("off", corev1.EnvVar{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	})
+
+	// Nodes that default to RuntimeDefault (sandbox.nodesSeccompDefault):
+	// a claim pod without a profile passes, Unconfined still does not.
+	nodesDefault := append(append([]string(nil), off...), "--set", "admissionPolicies.sandbox.nodesSeccompDefault=true")
+	if out, err := runHelm(t, nodesDefault...); err != nil {
+		t.Fatalf("helm upgrade with admissionPolicies.sandbox.nodesSeccompDefault=true: %v\n%s", err, out)
+	}
+	noProfile := sandboxPod("no-profile")
+	noProfile.Spec.SecurityContext = nil
+	eventually(t, "a claim pod without a seccomp profile allowed once the nodes default to RuntimeDefault", func() error {
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, noProfile.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
+	unconfined := sandboxPod("unconfined")
+	unconfined.Spec.SecurityContext.SeccompProfile.Type = corev1.SeccompProfileTypeUnconfined
+	_, err = tenant.CoreV1().Pods("team-a").Create(ctx, unconfined, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	refused("a claim pod with seccomp Unconfined, nodes defaulting to RuntimeDefault", err, "runs with seccomp Unconfined")
 }
 
 // eventually retries f until it returns nil (the API server loads and
@@ -586,7 +606,7 @@ func testCanaryAdmits(t *testing.T, ctx context.Context, s *apiServer, admin, te
 	for _, name := range []string{"canary-w", "intruder-w"} {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"tessera.dev/queue": "default"}},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}, SecurityContext: runtimeDefault(),
 				SchedulingGates: []corev1.PodSchedulingGate{{Name: "tessera.dev/admission"}}},
 		}
 		if _, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, metav1.CreateOptions{}); err != nil {
