@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -153,6 +154,11 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		Metrics:  NewMetrics(registry(o)),
 		Opts:     o,
 	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("clientset: %w", err)
+	}
+	reconciler.Evictions = &Evictions{REST: cs.CoreV1().RESTClient()}
 	if o.Shadow {
 		if err := makeShadow(reconciler, direct, o); err != nil {
 			return nil, err

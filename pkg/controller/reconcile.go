@@ -32,6 +32,9 @@ type Reconciler struct {
 	// Shadow, when set, makes this a shadow controller (shadow.go): cycles
 	// decide and compare; nothing is applied.
 	Shadow *Shadow
+	// Evictions, when set, makes reclaim's evictions (evict.go); nil:
+	// through Client, with client-go's retries.
+	Evictions *Evictions
 
 	mu   sync.Mutex
 	last time.Time
