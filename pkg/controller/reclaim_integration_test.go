@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -99,6 +100,9 @@ func TestReclaimEvictions(t *testing.T) {
 			}
 			e.create(claim("a-0-gpu", decidetest.Request{}))
 			e.create(asNew(claimPod("a-0", "team-a", "a-0-gpu")))
+			// Refusals take a cycle each: more time than waitWaiting's on a
+			// loaded machine.
+			e.waitCondition("a-0", tc.reason, tc.message, 2*time.Minute)
 			e.waitWaiting("a-0", tc.reason, tc.message)
 			// The newest victim first: b-1's eviction was tried, and its
 			// budget refused it.
@@ -121,6 +125,19 @@ func TestReclaimEvictions(t *testing.T) {
 // ReasonEvictionRefusedForTest is controller.ReasonEvictionRefused, kept
 // literal: the event reason is a contract with users' alerts.
 const ReasonEvictionRefusedForTest = "EvictionRefused"
+
+// waitCondition waits up to timeout for the pod's admission condition to
+// have reason and a message containing message.
+func (e *env) waitCondition(name, reason, message string, timeout time.Duration) {
+	e.t.Helper()
+	var c *corev1.PodCondition
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if c = condition(e.pod(name)); c != nil && c.Reason == reason && strings.Contains(c.Message, message) {
+			return
+		}
+	}
+	e.t.Fatalf("pod %s: condition %+v after %s, want %s %q", name, c, timeout, reason, message)
+}
 
 func (e *env) waitEvent(name, reason, message string) {
 	e.t.Helper()
