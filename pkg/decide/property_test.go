@@ -572,14 +572,19 @@ func runReclaimProperty(t *testing.T, seed uint64, steps int) {
 				}
 			}
 		case op < 9:
-			// Terminating pods whose deadline passed are gone.
+			// Terminating pods whose deadline passed stop; their claims
+			// are released now, or (op 8) a moment later.
 			var gone []string
 			for _, p := range w.snap.Pods {
-				if p.DeletionTimestamp != nil && !p.DeletionTimestamp.After(w.clock) {
+				if p.DeletionTimestamp != nil && !p.DeletionTimestamp.After(w.clock) && p.Status.Phase == "" {
 					gone = append(gone, p.Name)
 				}
 			}
-			w.remove(gone...)
+			if op == 7 {
+				w.remove(gone...)
+			} else {
+				w.stop(gone...)
+			}
 		case op < 10:
 			w.clock = w.clock.Add(refusalTTL / 2)
 		case op < 11:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/pkg/queue"
 )
@@ -64,6 +65,14 @@ func (c *cycle) reclaim(w *Workload, fitMsg string) (bool, string, error) {
 		}
 	}
 	why := c.refusedNote(w, blocked)
+	// Claims still allocated to pods that ended (the resourceclaim
+	// controller deallocates them in a moment): a victim whose pods
+	// stopped is no workload any more, but its devices are not free yet.
+	// They count as going, as terminating workloads do; otherwise reclaim
+	// would take one more victim in that moment.
+	if ending := c.endingAllocations(); len(ending) > 0 {
+		terminating = append(terminating, &Workload{Key: endedKey, holdings: ending})
+	}
 	if len(terminating) == 0 && len(candidates) == 0 && len(forceable) == 0 {
 		return false, why, nil
 	}
@@ -215,6 +224,48 @@ func waitingToo(s string) string {
 	return "; also waiting for " + s
 }
 
+// endedKey names the claims of pods that ended, as one going workload.
+const endedKey = "(ended)"
+
+// endingAllocations are the allocations of claims reserved only for
+// queued pods that ended (or, reserved for nobody, owned by one): the
+// resourceclaim controller releases them in a moment. Claims a pod
+// outside the snapshot (not queued) reserves are not known to end.
+func (c *cycle) endingAllocations() []holding {
+	ended := map[types.UID]bool{}
+	for _, p := range c.snap.Pods {
+		if terminal(p) {
+			ended[p.UID] = true
+		}
+	}
+	if len(ended) == 0 {
+		return nil
+	}
+	var out []holding
+	for _, cl := range c.snap.Claims {
+		a := cl.Status.Allocation
+		if a == nil {
+			continue
+		}
+		gone := len(cl.Status.ReservedFor) > 0
+		for _, r := range cl.Status.ReservedFor {
+			gone = gone && r.Resource == "pods" && ended[r.UID]
+		}
+		if len(cl.Status.ReservedFor) == 0 {
+			for _, o := range cl.OwnerReferences {
+				gone = gone || (o.Kind == "Pod" && ended[o.UID])
+			}
+		}
+		if !gone {
+			continue
+		}
+		if sn := c.placer.nodeOf(a); sn != nil {
+			out = append(out, holding{sn, a})
+		}
+	}
+	return out
+}
+
 // reclaimable says whether reclaim may evict a for w: another queue's
 // workload, admitted by Tessera, holding devices, while its queue is over
 // its quota.
@@ -275,6 +326,10 @@ func (c *cycle) describeEnding(w *Workload, ending []*Workload) string {
 		if i == 3 {
 			parts = append(parts, fmt.Sprintf("%d more", len(sorted)-i))
 			break
+		}
+		if a.Key == endedKey {
+			parts = append(parts, "the devices of pods that ended, being released")
+			continue
 		}
 		name := a.DescribeTo(w.Namespace)
 		if a.leaf != nil {

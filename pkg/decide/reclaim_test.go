@@ -273,3 +273,24 @@ func TestRefusedEvictionTriedAgain(t *testing.T) {
 		t.Fatalf("after the refusals aged, evicted %v, want [b-1] again", got)
 	}
 }
+
+// A victim whose pods stopped is no workload any more, but its claim stays
+// allocated until the resourceclaim controller releases it: in that
+// moment reclaim waits for it rather than taking one more victim.
+func TestReclaimWaitsForTheDevicesOfEndedPods(t *testing.T) {
+	w := reclaimWorld(t, cfg())
+	w.pod("a-0", PodOptions{Queue: "team-a", Templates: []string{"gpu"}})
+	w.cycle()
+	if got := w.evictedNames(); !reflect.DeepEqual(got, []string{"b-1"}) {
+		t.Fatalf("evicted %v, want [b-1]", got)
+	}
+	w.stop("b-1")
+	w.cycle()
+	if len(w.last.Evict) != 0 {
+		t.Fatalf("evicted %v while b-1's claim is being released", w.evictedNames())
+	}
+	expectVerdict(t, w, "a-0", decide.ReasonReclaiming, "waiting for evicted workloads to end: the devices of pods that ended, being released")
+	w.release()
+	w.cycle()
+	expectAdmitted(t, w, "a-0")
+}

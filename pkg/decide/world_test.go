@@ -3,6 +3,7 @@ package decide_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -262,6 +263,7 @@ func (w *world) schedule() {
 		for _, n := range order {
 			if len(need) == 0 {
 				p.Spec.NodeName = n
+				reserve(p, claims)
 				break
 			}
 			res, err := allocation.NewAllocator(w.slices[n], w.snap.Classes).Allocate(ctx, decidetest.Node(n), states[n], need...)
@@ -276,8 +278,28 @@ func (w *world) schedule() {
 				states[n].Add(&res[i])
 			}
 			p.Spec.NodeName = n
+			reserve(p, claims)
 			break
 		}
+	}
+}
+
+// reserve adds the pod to its claims' reservedFor, as the scheduler does
+// when it binds.
+func reserve(p *corev1.Pod, claims []*resourceapi.ResourceClaim) {
+	for _, c := range claims {
+		if !slices.ContainsFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }) {
+			c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p.Name, UID: p.UID})
+		}
+	}
+}
+
+// stop ends pods (Failed, as the kubelet marks a deleted pod it stopped)
+// without releasing their claims: the moment before the resourceclaim
+// controller deallocates them (release).
+func (w *world) stop(names ...string) {
+	for _, n := range names {
+		w.get(n).Status.Phase = corev1.PodFailed
 	}
 }
 
@@ -367,7 +389,7 @@ func (w *world) release() {
 	}
 	for _, c := range w.snap.Claims {
 		if !inUse[c.Name] {
-			c.Status.Allocation = nil
+			c.Status.Allocation, c.Status.ReservedFor = nil, nil
 		}
 	}
 }

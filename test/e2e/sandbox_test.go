@@ -33,7 +33,8 @@ fi
 echo "AFTER: [$(cat /etc/ld.so.preload)]"
 echo "OVERRIDE: [$(cat /overrideEnv 2>&1)]"
 echo "CUDA_REDIRECT=$CUDA_REDIRECT"
-echo X=1 > /overrideEnv 2>/dev/null && echo "OVERRIDE WRITTEN" || echo "OVERRIDE READ-ONLY"
+echo CUDA_DEVICE_MEMORY_LIMIT_0=80g > /overrideEnv 2>/dev/null; rm -f /overrideEnv 2>/dev/null; mv /overrideEnv /tmp/o 2>/dev/null
+echo "OVERRIDE AFTER WRITE: [$(cat /overrideEnv 2>&1)]"
 exec sleep 3600`
 
 // TestSandboxAttacks acts as namespace users with the built-in `edit` role
@@ -158,7 +159,7 @@ spec:
 		waitPodPhase(t, p.ns, p.name, corev1.PodRunning, 2*time.Minute)
 		waitFor(t, time.Minute, p.name+"'s output", func(context.Context) (bool, error) {
 			logs[p.name] = podLogs(t, p.ns, p.name)
-			return strings.Contains(logs[p.name], "OVERRIDE"), nil
+			return strings.Contains(logs[p.name], "OVERRIDE AFTER WRITE"), nil
 		})
 		t.Logf("%s:\n%s", p.name, logs[p.name])
 	}
@@ -186,8 +187,8 @@ spec:
 		}
 	}
 	row("hand out the real driver's cu* symbols (CUDA_REDIRECT) or override the env from /overrideEnv",
-		env["CUDA_REDIRECT"] == lib && strings.Contains(attack, "OVERRIDE: []") && strings.Contains(attack, "OVERRIDE READ-ONLY"),
-		"CUDA_REDIRECT=%s (the interposer itself), /overrideEnv empty and read-only", env["CUDA_REDIRECT"])
+		env["CUDA_REDIRECT"] == lib && strings.Contains(attack, "OVERRIDE: []") && strings.Contains(attack, "OVERRIDE AFTER WRITE: []"),
+		"CUDA_REDIRECT=%s (the interposer itself); /overrideEnv is the node's /dev/null: empty, still empty after a write, and cannot be removed or moved", env["CUDA_REDIRECT"])
 
 	// 3. Ephemeral containers: edit has no pods/ephemeralcontainers, and
 	// whoever has it (here the admin) gets the same rules.
