@@ -222,7 +222,7 @@ func checkReclaim(t *testing.T, w *world, c decide.Config, refused map[types.UID
 		}
 		evicting[e.For] = true
 		for _, p := range e.Pods {
-			if r, ok := refused[p.UID]; ok && !terminating[p.Name] && !(r.Budget && c.ReclaimPastBudgets && e.Force) {
+			if r, ok := refused[p.UID]; ok && !terminating[p.Name] && (!r.Budget || !c.ReclaimPastBudgets || !e.Force) {
 				t.Fatalf("step %d: reclaim for %s evicts %s, whose eviction was refused (budget %v) at %s", step, e.For.Key, p.Name, r.Budget, r.At)
 			}
 			if _, refusedNow := w.snap.Refused[p.UID]; !refusedNow && p.DeletionTimestamp != nil && p.DeletionTimestamp.After(limit) {
