@@ -145,9 +145,12 @@ func tenantWithTemplates(t *testing.T, ns string) kubernetes.Interface {
 	t.Helper()
 	c := editClient(t, ns)
 	for _, s := range []string{"2", "10", "12"} {
-		if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(t.Context(), shareTemplate("s"+s, s+"Gi", ""), metav1.CreateOptions{}); err != nil {
-			t.Fatalf("tenant creates template s%s: %v", s, err)
-		}
+		// The tenant's RoleBinding reaches the API server's authorizer
+		// within moments.
+		waitFor(t, 30*time.Second, "tenant creates template s"+s, func(ctx context.Context) (bool, error) {
+			_, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, shareTemplate("s"+s, s+"Gi", ""), metav1.CreateOptions{})
+			return err == nil, err
+		})
 	}
 	return c
 }
