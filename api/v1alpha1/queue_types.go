@@ -55,6 +55,12 @@ const (
 	// IdleExemptLabel, "true" on a pod, exempts it from idle reclaim (a
 	// gang is exempt when any member is).
 	IdleExemptLabel = "tessera.dev/idle-exempt"
+	// SandboxLabel, SandboxExempt on a namespace (set by a cluster
+	// administrator), leaves its pods out of the chart's sandbox policy:
+	// Tessera's limits no longer hold there (docs/security.md, "The
+	// sandbox").
+	SandboxLabel  = "tessera.dev/sandbox"
+	SandboxExempt = "exempt"
 )
 
 // ResourceList is an amount per accounted resource.

@@ -90,25 +90,22 @@ func (a *Reconciler) apply(ctx context.Context, snap *decide.Snapshot, d *decide
 		a.setCondition(ctx, done[i].p, corev1.ConditionTrue, decide.ReasonAdmitted, done[i].msg, now)
 		a.Recorder.Eventf(done[i].p, nil, corev1.EventTypeNormal, decide.ReasonAdmitted, "Admit", done[i].msg)
 	})
+	refused := false
 	for _, ev := range d.Evict {
 		reason := ev.Reason
 		if reason == "" {
 			reason = decide.ReasonReclaimed
 		}
-		logger.Info("Evicting", "workload", ev.Workload.Key, "queue", ev.Workload.QueueName, "reason", reason, "message", ev.Message)
+		logger.Info("Evicting", "workload", ev.Workload.Key, "queue", ev.Workload.QueueName, "reason", reason, "force", ev.Force, "gracePeriod", ev.GracePeriod, "message", ev.Message)
 		a.parallel(ctx, len(ev.Pods), func(i int) {
 			p := ev.Pods[i]
 			a.setCondition(ctx, p, corev1.ConditionFalse, reason, ev.Message, now)
 			a.Recorder.Eventf(p, nil, corev1.EventTypeWarning, reason, "Evict", ev.Message)
-			// The Eviction API: PodDisruptionBudgets are honoured; a refused
-			// eviction is tried again by a later cycle's reclaim.
-			if err := evictPod(ctx, a.Client, p, false); err != nil {
-				if !apierrors.IsNotFound(err) {
-					logger.Error(err, "Evicting a pod failed", "pod", klog.KObj(p))
-				}
-				return
+			if a.evictForReclaim(ctx, p, ev) {
+				mu.Lock()
+				refused = true
+				mu.Unlock()
 			}
-			a.remember(&a.evicted, p.UID, nil)
 		})
 	}
 	type job struct {
@@ -144,7 +141,9 @@ func (a *Reconciler) apply(ctx context.Context, snap *decide.Snapshot, d *decide
 	if !a.updateQueues(ctx, snap, d.Queues) {
 		more = true
 	}
-	return more
+	// A refused eviction is decided again soon: reclaim passes the
+	// victim over, and holds nothing if no other makes room.
+	return more || refused
 }
 
 // recordDecision is the first phase of admitting a workload of several
@@ -281,6 +280,17 @@ func (a *Reconciler) parallel(ctx context.Context, n int, f func(i int)) {
 // pins says whether an admitted pod is pinned (--pin-nodes).
 func (a *Reconciler) pins(gang bool) bool {
 	return a.Opts.PinNodes == PinAll || (a.Opts.PinNodes == PinGangs && gang)
+}
+
+// rememberEvicted remembers an eviction (with the grace period it asked
+// for) until the cache shows the pod deleting.
+func (a *Reconciler) rememberEvicted(uid types.UID, grace time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.evicted == nil {
+		a.evicted = map[types.UID]memo{}
+	}
+	a.evicted[uid] = memo{at: time.Now(), grace: grace}
 }
 
 func (a *Reconciler) remember(m *map[types.UID]memo, uid types.UID, annotations map[string]string) {

@@ -310,7 +310,7 @@ func (r *IdleReclaimer) evict(ctx context.Context, queue string, members []idleM
 }
 
 func (r *IdleReclaimer) evictOne(ctx context.Context, p *corev1.Pod, dryRun bool) error {
-	return evictPod(ctx, r.Client, p, dryRun)
+	return evictPod(ctx, r.Client, p, nil, dryRun)
 }
 
 // podClaims are the UIDs of the pod's claims that hold devices of the

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -121,7 +122,8 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if err != nil {
 		return nil, err
 	}
-	cfgEngine := decide.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: features}
+	cfgEngine := decide.Config{Reclaim: o.Reclaim, MaxReclaimsPerCycle: o.MaxReclaimsPerCycle, Features: features,
+		ReclaimGracePeriod: o.ReclaimGracePeriod, ReclaimPastBudgets: o.ReclaimPastBudgets}
 	// DeviceTaintRules taint devices for the scheduler as published taints
 	// do; the simulation applies them too, where the API serves them
 	// (resource.k8s.io/v1, Kubernetes 1.37).
@@ -152,6 +154,11 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		Metrics:  NewMetrics(registry(o)),
 		Opts:     o,
 	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("clientset: %w", err)
+	}
+	reconciler.Evictions = &Evictions{REST: cs.CoreV1().RESTClient()}
 	if o.Shadow {
 		if err := makeShadow(reconciler, direct, o); err != nil {
 			return nil, err
@@ -223,7 +230,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		return err
 	}
 	klog.FromContext(ctx).Info("Starting the Tessera controller", "leaderElect", o.LeaderElect, "namespace", o.Namespace,
-		"webhook", net.JoinHostPort(o.WebhookHost, strconv.Itoa(o.WebhookPort)), "webhookConfig", o.WebhookConfig, "reclaim", o.Reclaim, "pinNodes", o.PinNodes, "stalePinGrace", o.StalePinGrace, "replaceStalePins", o.ReplaceStalePins)
+		"webhook", net.JoinHostPort(o.WebhookHost, strconv.Itoa(o.WebhookPort)), "webhookConfig", o.WebhookConfig, "reclaim", o.Reclaim, "reclaimGracePeriod", o.ReclaimGracePeriod, "reclaimPastBudgets", o.ReclaimPastBudgets, "pinNodes", o.PinNodes, "stalePinGrace", o.StalePinGrace, "replaceStalePins", o.ReplaceStalePins)
 	return mgr.Start(ctx)
 }
 
@@ -372,6 +379,7 @@ func CheckInstall(ctx context.Context, cfg *rest.Config, opts Options, out io.Wr
 	return installcheck.Run(ctx, c, installcheck.Options{
 		Driver: devicemodel.DriverName, DeviceClasses: opts.CheckInstallDeviceClasses,
 		Namespace: opts.Namespace, Queue: opts.CheckInstallQueue, Image: "registry.k8s.io/pause:3.10",
+		SandboxPolicy: opts.CheckInstallSandboxPolicy,
 	}, out)
 }
 

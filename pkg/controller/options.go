@@ -18,6 +18,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/allocation"
+	"github.com/tessera-dev/tessera/pkg/decide"
 	"github.com/tessera-dev/tessera/pkg/features"
 )
 
@@ -72,6 +73,11 @@ type Options struct {
 	ValidatingConfiguration string
 	Reclaim                 bool
 	MaxReclaimsPerCycle     int
+	// ReclaimGracePeriod bounds a reclaimed pod's grace period;
+	// ReclaimPastBudgets deletes a reclaim victim a PodDisruptionBudget
+	// protects when no other over-quota work makes room (decide.Config).
+	ReclaimGracePeriod      time.Duration
+	ReclaimPastBudgets      bool
 	PinNodes                string
 	StalePinGrace           time.Duration
 	ReplaceStalePins        bool
@@ -101,6 +107,7 @@ type Options struct {
 	CheckInstall              bool
 	CheckInstallQueue         string
 	CheckInstallDeviceClasses []string
+	CheckInstallSandboxPolicy string
 	// Shadow runs the controller in shadow mode (shadow.go): it decides
 	// and compares, and writes nothing but its report, the ConfigMap
 	// ShadowReport in Namespace. ShadowQueues is a file of Queues that
@@ -157,6 +164,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ValidatingConfiguration, "validating-webhook-configuration", "", "ValidatingWebhookConfiguration made by the installer whose caBundle the controller sets (--webhook-config=patch).")
 	fs.BoolVar(&o.Reclaim, "reclaim", true, "Evict over-quota workloads of other queues (never below their quota) for a workload within its queue's quota that does not fit otherwise.")
 	fs.IntVar(&o.MaxReclaimsPerCycle, "max-reclaims-per-cycle", 16, "Workloads one admission cycle tries to reclaim for; the others wait for the next cycle.")
+	fs.DurationVar(&o.ReclaimGracePeriod, "reclaim-grace-period", decide.DefaultReclaimGracePeriod, "Longest grace period a pod evicted by reclaim gets (1s to 1h; 0: the default): its own terminationGracePeriodSeconds when shorter, else this, preStop hooks included; a victim already terminating with a later deadline is evicted again to cut it.")
+	fs.BoolVar(&o.ReclaimPastBudgets, "reclaim-past-budgets", true, "When only over-quota workloads whose eviction a PodDisruptionBudget refused can make room for a workload within its quota, delete them (with the reclaim grace period; needs delete on pods). False: budgets are honoured and the workload waits, holding nothing.")
 	fs.StringVar(&o.PinNodes, "pin-nodes", PinAll, "Which admitted pods get required node affinity (matchFields metadata.name) for the node the admission simulation placed them on, so that kube-scheduler filters that one node: all, gangs (members of a gang start where they were found to fit together), none. Stale pins are replaced (--stale-pin-grace).")
 	fs.DurationVar(&o.StalePinGrace, "stale-pin-grace", 2*time.Minute, "How long a pinned pod may stay unschedulable (PodScheduled=False, reason Unschedulable) before its pin counts as stale; a pin to a node that is gone is stale at once.")
 	fs.BoolVar(&o.ReplaceStalePins, "replace-stale-pins", true, "Delete a never-bound pod whose pin is stale, so that its owner recreates it and the replacement is queued again (a bare pod is deleted too: its event says to create it again); false only marks it (condition and event, reason StalePin).")
@@ -179,6 +188,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ControllerName, "controller-name", v1alpha1.DefaultControllerName, "Which queues this controller decides (canary queues): those whose root queue's spec.controllerName names it; "+v1alpha1.DefaultControllerName+" (the main controller) also takes the queues that name none. Another name (a canary release) serves no webhooks and takes its own lease, tessera-controller-<name>.tessera.dev.")
 	fs.BoolVar(&o.CheckInstall, "check-install", false, "Check the installation and exit (the Helm chart's `helm test`): DeviceClasses, ResourceSlices, the Queue API and, with --check-install-queue, that the pod webhook gates a queued pod (a dry run in --namespace).")
 	fs.StringVar(&o.CheckInstallQueue, "check-install-queue", "", "Queue the --check-install dry-run pod names; empty skips the webhook check.")
+	fs.StringVar(&o.CheckInstallSandboxPolicy, "check-install-sandbox-policy", "", "ValidatingAdmissionPolicy --check-install expects to keep device users in Tessera's sandbox (the chart's <release>-sandbox); empty skips the check.")
 	fs.StringSliceVar(&o.CheckInstallDeviceClasses, "check-install-device-classes", []string{"gpu.tessera.dev", "mig.tessera.dev", "timeslice.tessera.dev"}, "DeviceClasses --check-install expects.")
 }
 
@@ -244,6 +254,9 @@ func (o *Options) Validate() error {
 	}
 	if o.WebhookPort > 65535 {
 		return fmt.Errorf("--webhook-port=%d is not a port", o.WebhookPort)
+	}
+	if o.ReclaimGracePeriod != 0 && (o.ReclaimGracePeriod < time.Second || o.ReclaimGracePeriod > time.Hour) {
+		return fmt.Errorf("--reclaim-grace-period=%s must be between 1s and 1h (0: the default, %s): a victim's pods get at most this long to stop, and a grace period of 0 would remove them from the API before their containers stop", o.ReclaimGracePeriod, decide.DefaultReclaimGracePeriod)
 	}
 	if o.StalePinGrace < 0 {
 		return fmt.Errorf("--stale-pin-grace must not be negative")

@@ -215,6 +215,11 @@ func TestCanaryOptions(t *testing.T) {
 			o.ControllerName, o.WebhookPort, o.LeaderElectionID, o.Gates = "canary", 0, "tessera-controller-canary.tessera.dev", nil
 		}, "--controller-name=canary needs --feature-gates=CanaryControllers=true"},
 		{"main, gate off", func(o *Options) { o.ControllerName, o.Gates = "default", nil }, ""},
+		{"reclaim grace period 30s", func(o *Options) { o.ControllerName, o.ReclaimGracePeriod = "default", 30*time.Second }, ""},
+		{"reclaim grace period unset: the default", func(o *Options) { o.ControllerName, o.ReclaimGracePeriod = "default", 0 }, ""},
+		{"reclaim grace period under a second", func(o *Options) { o.ControllerName, o.ReclaimGracePeriod = "default", 500*time.Millisecond }, "--reclaim-grace-period=500ms must be between 1s and 1h"},
+		{"reclaim grace period over an hour", func(o *Options) { o.ControllerName, o.ReclaimGracePeriod = "default", 2*time.Hour }, "--reclaim-grace-period=2h0m0s must be between 1s and 1h"},
+		{"negative reclaim grace period", func(o *Options) { o.ControllerName, o.ReclaimGracePeriod = "default", -time.Second }, "--reclaim-grace-period"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

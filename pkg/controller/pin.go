@@ -221,7 +221,7 @@ func (a *Reconciler) recoverStalePins(ctx context.Context, pods *corev1.PodList)
 		// Through the Eviction API, as reclaim evicts: the controller needs
 		// no delete verb on pods, and a pod that never ran is not protected
 		// by a PodDisruptionBudget (it is not healthy), so it goes at once.
-		if err := evictPod(ctx, a.Client, p, false); err != nil {
+		if err := evictPod(ctx, a.Client, p, nil, false); err != nil {
 			if !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 				logger.Error(err, "Evicting a pod whose pin went stale failed; retrying", "pod", klog.KObj(p))
 			}

@@ -32,6 +32,9 @@ type Reconciler struct {
 	// Shadow, when set, makes this a shadow controller (shadow.go): cycles
 	// decide and compare; nothing is applied.
 	Shadow *Shadow
+	// Evictions, when set, makes reclaim's evictions (evict.go); nil:
+	// through Client, with client-go's retries.
+	Evictions *Evictions
 
 	mu   sync.Mutex
 	last time.Time
@@ -40,6 +43,10 @@ type Reconciler struct {
 	// devices an earlier cycle handed out, or evict twice.
 	ungated map[types.UID]memo
 	evicted map[types.UID]memo
+	// refused are reclaim evictions the API refused lately (refusalTTL),
+	// by pod UID: each cycle's snapshot carries them, so that reclaim
+	// passes those victims over (decide.Snapshot.Refused).
+	refused map[types.UID]decide.Refusal
 	// slices and classes are the previous snapshot's, by UID (see reuse).
 	slices  map[types.UID]*resourceapi.ResourceSlice
 	classes map[types.UID]*resourceapi.DeviceClass
@@ -79,10 +86,16 @@ func reuse[T any, P interface {
 type memo struct {
 	at          time.Time
 	annotations map[string]string
+	// grace is the grace period an eviction asked for (0: unknown).
+	grace time.Duration
 }
 
 // memoTTL bounds how long a write may take to show in the cache.
 const memoTTL = 2 * time.Minute
+
+// refusalTTL is how long a refused reclaim eviction is remembered: the
+// victim is passed over meanwhile, and tried again after it.
+const refusalTTL = time.Minute
 
 // CycleRequest is the one key of the admission controller.
 var CycleRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "admission-cycle"}}
@@ -291,14 +304,30 @@ func (a *Reconciler) snapshot(ctx context.Context) (*decide.Snapshot, error) {
 			if p.DeletionTimestamp != nil || now.Sub(m.at) > memoTTL {
 				delete(a.evicted, p.UID)
 			} else {
+				// Deleted with m.grace: its deadline, as the API server
+				// sets it.
 				c := p.DeepCopy()
-				t := metav1.NewTime(m.at)
+				t := metav1.NewTime(m.at.Add(m.grace))
 				c.DeletionTimestamp = &t
 				p = c
 			}
 		}
 		s.Pods = append(s.Pods, p)
+		if r, ok := a.refused[p.UID]; ok {
+			if s.Refused == nil {
+				s.Refused = map[types.UID]decide.Refusal{}
+			}
+			s.Refused[p.UID] = r
+		}
 	}
+	// Refusals of pods that are gone, or old, are forgotten.
+	for uid, r := range a.refused {
+		if _, live := s.Refused[uid]; !live || now.Sub(r.At) > refusalTTL {
+			delete(a.refused, uid)
+			delete(s.Refused, uid)
+		}
+	}
+	s.Now = now
 	a.mu.Unlock()
 	for i := range claims.Items {
 		s.Claims = append(s.Claims, &claims.Items[i])

@@ -40,6 +40,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/allocation"
@@ -85,11 +86,34 @@ type Config struct {
 	// TaintRules lists the DeviceTaintRules for cycles whose snapshot has
 	// none (Snapshot.TaintRules nil); nil lists none.
 	TaintRules TaintRuleLister
+	// ReclaimGracePeriod bounds the grace period of a reclaimed pod: its
+	// eviction asks for the pod's own terminationGracePeriodSeconds or
+	// this, whichever is shorter, and a victim already terminating with a
+	// later deadline is evicted again to cut it. 0 means the default,
+	// DefaultReclaimGracePeriod.
+	ReclaimGracePeriod time.Duration
+	// ReclaimPastBudgets lets reclaim delete over-quota victims whose
+	// eviction a PodDisruptionBudget refused, when no other over-quota
+	// workloads make room (Eviction.Force). Off: budgets are honoured and
+	// the reclaim waits, without holding idle capacity.
+	ReclaimPastBudgets bool
 }
+
+// DefaultReclaimGracePeriod is Config.ReclaimGracePeriod's default.
+const DefaultReclaimGracePeriod = 30 * time.Second
 
 // DefaultConfig is what the controller runs with unless told otherwise.
 func DefaultConfig() Config {
-	return Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}
+	return Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures,
+		ReclaimGracePeriod: DefaultReclaimGracePeriod, ReclaimPastBudgets: true}
+}
+
+// reclaimGrace is the bound on a reclaimed pod's grace period.
+func (c Config) reclaimGrace() time.Duration {
+	if c.ReclaimGracePeriod <= 0 {
+		return DefaultReclaimGracePeriod
+	}
+	return c.ReclaimGracePeriod
 }
 
 // Snapshot is the state of the API one cycle decides on. Objects are read,
@@ -110,6 +134,22 @@ type Snapshot struct {
 	// TaintRules are the DeviceTaintRules, applied to the slices as the
 	// scheduler applies them (taintrules.go); nil: Config.TaintRules.
 	TaintRules []*resourceapi.DeviceTaintRule
+	// Refused are the pods whose eviction for reclaim the API refused
+	// lately, by UID (the controller remembers them for a while): reclaim
+	// passes them over for other victims (reclaim.go).
+	Refused map[types.UID]Refusal
+	// Now is the time of the snapshot; zero means time.Now().
+	Now time.Time
+}
+
+// Refusal is an eviction the API refused.
+type Refusal struct {
+	// At is when it was refused.
+	At time.Time
+	// Budget says that a PodDisruptionBudget refused it (HTTP 429);
+	// otherwise something else did (an admission webhook or policy, RBAC,
+	// an error), and nothing gets past it.
+	Budget bool
 }
 
 // Admission is a workload to start: remove the gate from every pod.
@@ -143,6 +183,33 @@ type Eviction struct {
 	// Reason is ReasonReclaimed, or ReasonOverLimit (charges.go).
 	Reason  string
 	Message string
+	// For is the workload a reclaim evicts it for; nil otherwise.
+	For *Workload
+	// GracePeriod bounds each pod's grace period (GraceSeconds); 0: the
+	// pod's own.
+	GracePeriod time.Duration
+	// Force: a PodDisruptionBudget refused this workload's eviction
+	// before and no other over-quota workloads make room; when the
+	// Eviction API refuses again, the pods are deleted (with the same
+	// grace period).
+	Force bool
+}
+
+// GraceSeconds is the grace period to evict p with under a bound: the
+// pod's own terminationGracePeriodSeconds (the API's default, 30 s, when
+// unset) or the bound, whichever is shorter, and at least 1 s (0 would
+// remove the pod from the API before its containers stop). nil when there
+// is no bound.
+func GraceSeconds(p *corev1.Pod, bound time.Duration) *int64 {
+	if bound <= 0 {
+		return nil
+	}
+	own := int64(corev1.DefaultTerminationGracePeriodSeconds)
+	if p.Spec.TerminationGracePeriodSeconds != nil {
+		own = *p.Spec.TerminationGracePeriodSeconds
+	}
+	s := min(own, int64(bound/time.Second))
+	return ptr.To(max(s, 1))
 }
 
 // Stats describe a cycle.
@@ -261,6 +328,8 @@ type cycle struct {
 	reclaims int
 	// namespaces are the labels of the snapshot's namespaces, by name.
 	namespaces map[string]map[string]string
+	// now is the snapshot's time.
+	now time.Time
 }
 
 type estimate struct {
@@ -374,6 +443,10 @@ func (e *Engine) newCycle(ctx context.Context, snap *Snapshot, cat *demand.Catal
 		used:     map[*queue.Queue]uint64{},
 		sampled:  map[*queue.Queue]bool{},
 		dec:      &Decision{Queues: map[string]*v1alpha1.QueueStatus{}},
+		now:      snap.Now,
+	}
+	if c.now.IsZero() {
+		c.now = time.Now()
 	}
 	for _, cl := range snap.Claims {
 		c.objs.claims[cl.Namespace+"/"+cl.Name] = cl
@@ -827,10 +900,11 @@ func (c *cycle) decide(w *Workload, d queue.Vector, pass int) (bool, error) {
 	}
 	if c.e.cfg.Reclaim && c.reclaims < budget {
 		c.reclaims++
-		handled, err := c.reclaim(w, msg)
+		handled, why, err := c.reclaim(w, msg)
 		if err != nil || handled {
 			return false, err
 		}
+		msg += why
 	}
 	c.verdict(&Verdict{Workload: w, Reason: ReasonDoesNotFit, Message: msg})
 	return false, nil

@@ -13,8 +13,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/allocation"
@@ -39,7 +41,14 @@ var (
 //     the scheduler (the same allocator, on its own, binding ungated pods
 //     right after each cycle) places every admitted pod, i.e. nothing was
 //     admitted beyond what the cluster holds;
-//   - gangs are admitted whole.
+//   - gangs are admitted whole;
+//   - reclaim does not depend on its victims: pods may have 600 s grace
+//     periods (and tenants delete running pods with them), budgets that
+//     refuse their eviction, or evictions refused outright; no reclaim
+//     plans on an eviction known to be refused (unless past a budget
+//     with ReclaimPastBudgets, forced), every pod a cycle evicts ends
+//     within the reclaim grace period, and idle capacity is held only for
+//     a reclaim that proceeds (checkReclaim).
 func TestProperty(t *testing.T) {
 	for seed := range *propertySeeds {
 		t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
@@ -52,7 +61,22 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	c := cfg()
 	c.Reclaim = rng.IntN(4) != 0
+	c.ReclaimPastBudgets = rng.IntN(2) == 0
 	w := newWorld(t, c)
+	// hostile marks a new pod's victim traits: a 600 s grace period, a
+	// budget that refuses its eviction while it runs, a webhook that
+	// refuses its eviction and deletion.
+	hostile := func(p *corev1.Pod) {
+		if rng.IntN(3) == 0 {
+			p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](600)
+		}
+		switch rng.IntN(4) {
+		case 0, 1:
+			w.budgets[p.Name] = true
+		case 2:
+			w.refuse[p.Name] = true
+		}
+	}
 	profiles := []NodeOptions{{Profile: "h100-80gb:2"}, {Profile: "a100-40gb:2"}, {Profile: "l4:2", TimeSlices: 2}}
 	prof := profiles[rng.IntN(len(profiles))]
 	for i := range 1 + rng.IntN(3) {
@@ -92,7 +116,7 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 				for i := range size {
 					name := fmt.Sprintf("%s-%d", g, i)
 					if i < now {
-						w.pod(name, withTemplate(PodOptions{Queue: q, Gang: g, GangSize: fmt.Sprint(size)}, tm))
+						hostile(w.pod(name, withTemplate(PodOptions{Queue: q, Gang: g, GangSize: fmt.Sprint(size)}, tm)))
 					} else {
 						gangs[g] = append(gangs[g], name+"|"+q+"|"+tm+"|"+fmt.Sprint(size))
 					}
@@ -103,7 +127,7 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 					qq = "org" // bad input: not a leaf
 				}
 				t.Logf("step %d: submit p%d to %s with %s", step, seq, qq, tm)
-				w.pod(fmt.Sprintf("p%d", seq), withTemplate(PodOptions{Queue: qq}, tm))
+				hostile(w.pod(fmt.Sprintf("p%d", seq), withTemplate(PodOptions{Queue: qq}, tm)))
 			}
 		case op < 5:
 			var open []string
@@ -117,7 +141,7 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 				if _, err := fmt.Sscanf(replaceBars(rest[0]), "%s %s %s %s", &name, &q, &tm, &size); err != nil {
 					t.Fatalf("gang member %q: %v", rest[0], err)
 				}
-				w.pod(name, withTemplate(PodOptions{Queue: q, Gang: g, GangSize: size}, tm))
+				hostile(w.pod(name, withTemplate(PodOptions{Queue: q, Gang: g, GangSize: size}, tm)))
 				gangs[g] = rest[1:]
 				if len(gangs[g]) == 0 {
 					delete(gangs, g)
@@ -134,8 +158,14 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 			}
 			if len(running) > 0 {
 				n := running[rng.IntN(len(running))]
-				t.Logf("step %d: finish %s", step, n)
-				w.finish(n)
+				if rng.IntN(3) == 0 {
+					// The tenant deletes it, with a long grace period.
+					t.Logf("step %d: delete %s with a 600 s grace period", step, n)
+					w.deleteWith(w.get(n), 600, w.tick())
+				} else {
+					t.Logf("step %d: finish %s", step, n)
+					w.finish(n)
+				}
 			}
 		case op < 8:
 			// Evictions complete.
@@ -151,14 +181,23 @@ func runProperty(t *testing.T, seed uint64, steps int) {
 			t.Logf("step %d: restart", step)
 			w.restart(c)
 		}
+		w.ageRefusals()
+		refused := maps.Clone(w.snap.Refused)
+		terminating := map[string]bool{}
+		for _, p := range w.snap.Pods {
+			if p.DeletionTimestamp != nil {
+				terminating[p.Name] = true
+			}
+		}
 		w.cycle()
 		for _, a := range w.last.Admit {
 			t.Logf("step %d: admit %s on %v (%s)", step, a.Workload.Key, a.Nodes, a.Charge)
 		}
 		for _, e := range w.last.Evict {
-			t.Logf("step %d: evict %s", step, e.Workload.Key)
+			t.Logf("step %d: evict %s (force %v)", step, e.Workload.Key, e.Force)
 		}
 		checkGangsWhole(t, w, step)
+		checkReclaim(t, w, c, refused, terminating, step)
 		checkLimits(t, w, step)
 		// kube-scheduler binds ungated pods right away; the controller's
 		// cycles are slower.
@@ -182,6 +221,49 @@ func withTemplate(o PodOptions, tm string) PodOptions {
 		o.Extended = map[string]string{ImplicitGPU: strings.TrimPrefix(ext, "ext")}
 	}
 	return o
+}
+
+// checkReclaim: no reclaim plans on an eviction the API refused (a budget
+// is passed only by a forced eviction, with ReclaimPastBudgets); every pod
+// the cycle evicted (and the API did not refuse) ends within the reclaim
+// grace period; and idle
+// capacity is held (OverQuotaHeld) only while a reclaim proceeds: it
+// evicts this cycle, or waits for workloads that are terminating.
+// refused and terminating are the refusals and the terminating pods before
+// the cycle.
+func checkReclaim(t *testing.T, w *world, c decide.Config, refused map[types.UID]decide.Refusal, terminating map[string]bool, step int) {
+	t.Helper()
+	limit := w.clock.Add(decide.DefaultReclaimGracePeriod)
+	evicting := map[*decide.Workload]bool{}
+	for _, e := range w.last.Evict {
+		if e.For == nil {
+			continue
+		}
+		evicting[e.For] = true
+		for _, p := range e.Pods {
+			if r, ok := refused[p.UID]; ok && !terminating[p.Name] && (!r.Budget || !c.ReclaimPastBudgets || !e.Force) {
+				t.Fatalf("step %d: reclaim for %s evicts %s, whose eviction was refused (budget %v) at %s", step, e.For.Key, p.Name, r.Budget, r.At)
+			}
+			if _, refusedNow := w.snap.Refused[p.UID]; !refusedNow && p.DeletionTimestamp != nil && p.DeletionTimestamp.After(limit) {
+				t.Fatalf("step %d: %s, evicted for %s, ends by %s, after %s (the reclaim grace period)", step, p.Name, e.For.Key, p.DeletionTimestamp, limit)
+			}
+		}
+	}
+	reclaiming := map[*decide.Workload]bool{}
+	for _, v := range w.last.Waiting {
+		if v.Reason != decide.ReasonReclaiming {
+			continue
+		}
+		reclaiming[v.Workload] = true
+		if !evicting[v.Workload] && len(terminating) == 0 {
+			t.Fatalf("step %d: %s reclaims, but evicts nothing and nothing is terminating: %s", step, v.Workload.Key, v.Message)
+		}
+	}
+	for _, v := range w.last.Waiting {
+		if v.Reason == decide.ReasonOverQuotaHeld && len(reclaiming) == 0 {
+			t.Fatalf("step %d: %s is held back (%s) for no reclaim that proceeds", step, v.Workload.Key, v.Message)
+		}
+	}
 }
 
 func replaceBars(s string) string {
@@ -480,4 +562,115 @@ func decisionString(d *decide.Decision) string {
 	}
 	sort.Strings(lines)
 	return fmt.Sprint(lines)
+}
+
+// TestReclaimProperty drives sequences built to make reclaim work hard:
+// two queues guaranteed a GPU each and two borrowers without quota that
+// fill the GPUs first, every pod with victim traits (600 s grace periods,
+// budgets, evictions refused outright), tenants deleting their own pods
+// with long grace periods, refusals ageing out, controller restarts. After
+// every cycle it checks what TestProperty checks, reclaim included
+// (checkReclaim), with budgets passed (ReclaimPastBudgets) and honoured.
+func TestReclaimProperty(t *testing.T) {
+	for seed := range *propertySeeds {
+		t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
+			runReclaimProperty(t, uint64(seed), *propertySteps)
+		})
+	}
+}
+
+func runReclaimProperty(t *testing.T, seed uint64, steps int) {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	c := cfg()
+	c.ReclaimPastBudgets = seed%2 == 0
+	w := newWorld(t, c)
+	for i := range 1 + rng.IntN(2) {
+		w.node(fmt.Sprintf("n%d", i), NodeOptions{Profile: "h100-80gb:2"})
+	}
+	w.queue(Queue("q1", "", "80Gi", ""))
+	w.queue(Queue("q2", "", "80Gi", ""))
+	w.queue(Queue("x", "", "", ""))
+	w.queue(Queue("y", "", "", ""))
+	templates := []string{"whole", "s20", "s40"}
+	w.template(Template("ns", "whole", Request{}))
+	w.template(Template("ns", "s20", Request{Memory: "20Gi"}))
+	w.template(Template("ns", "s40", Request{Memory: "40Gi"}))
+	forced, refusals := 0, 0
+	for step := range steps {
+		switch op := rng.IntN(12); {
+		case op < 5:
+			q := []string{"x", "y", "x", "y", "q1", "q2"}[rng.IntN(6)]
+			if step > steps/3 {
+				q = []string{"x", "y", "q1", "q2"}[rng.IntN(4)]
+			}
+			name := fmt.Sprintf("p%d", step)
+			p := w.pod(name, PodOptions{Queue: q, Templates: []string{templates[rng.IntN(len(templates))]}, Priority: int32(rng.IntN(2))})
+			if rng.IntN(2) == 0 {
+				p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](600)
+			}
+			switch rng.IntN(4) {
+			case 0, 1:
+				w.budgets[name] = true
+			case 2:
+				w.refuse[name] = true
+			}
+		case op < 7:
+			var running []string
+			for _, p := range w.snap.Pods {
+				if p.Spec.NodeName != "" && p.Status.Phase == "" && p.DeletionTimestamp == nil {
+					running = append(running, p.Name)
+				}
+			}
+			if len(running) > 0 {
+				n := running[rng.IntN(len(running))]
+				if op == 5 {
+					w.deleteWith(w.get(n), 600, w.tick())
+				} else {
+					w.finish(n)
+				}
+			}
+		case op < 9:
+			// Terminating pods whose deadline passed stop; their claims
+			// are released now, or (op 8) a moment later.
+			var gone []string
+			for _, p := range w.snap.Pods {
+				if p.DeletionTimestamp != nil && !p.DeletionTimestamp.After(w.clock) && p.Status.Phase == "" {
+					gone = append(gone, p.Name)
+				}
+			}
+			if op == 7 {
+				w.remove(gone...)
+			} else {
+				w.stop(gone...)
+			}
+		case op < 10:
+			w.clock = w.clock.Add(refusalTTL / 2)
+		case op < 11:
+			w.clock = w.clock.Add(decide.DefaultReclaimGracePeriod)
+		default:
+			w.restart(c)
+		}
+		w.ageRefusals()
+		refused := maps.Clone(w.snap.Refused)
+		terminating := map[string]bool{}
+		for _, p := range w.snap.Pods {
+			if p.DeletionTimestamp != nil {
+				terminating[p.Name] = true
+			}
+		}
+		before := w.forced
+		w.cycle()
+		forced += w.forced - before
+		for _, r := range w.snap.Refused {
+			if r.At.Equal(w.clock) {
+				refusals++
+			}
+		}
+		checkGangsWhole(t, w, step)
+		checkReclaim(t, w, c, refused, terminating, step)
+		checkLimits(t, w, step)
+		w.schedule()
+		checkPlaceable(t, w, step)
+	}
+	t.Logf("%d evictions refused, %d pods deleted past their budget", refusals, forced)
 }

@@ -3,6 +3,7 @@ package decide_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -34,11 +35,23 @@ type world struct {
 	// placed remembers where the admission put each pod, order in which.
 	placed map[types.UID]string
 	order  map[types.UID]int
+	// budgets are the pods a PodDisruptionBudget protects while they run
+	// (their eviction is refused with a 429 unless forced); refuse are the
+	// pods whose eviction and deletion are refused outright (an admission
+	// webhook); by name.
+	budgets, refuse map[string]bool
+	// forced counts pods deleted past their budget.
+	forced int
 }
+
+// refusalTTL is how long the world (as the controller does) remembers a
+// refused eviction.
+const refusalTTL = time.Minute
 
 func newWorld(t testing.TB, cfg decide.Config) *world {
 	return &world{t: t, eng: decide.NewEngine(cfg), clock: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		slices: map[string][]*resourceapi.ResourceSlice{}, placed: map[types.UID]string{}, order: map[types.UID]int{},
+		budgets: map[string]bool{}, refuse: map[string]bool{},
 		snap: decide.Snapshot{Classes: decidetest.Classes()}}
 }
 
@@ -117,6 +130,8 @@ func (w *world) get(name string) *corev1.Pod {
 // cycle decides and applies the decision.
 func (w *world) cycle() *decide.Decision {
 	w.t.Helper()
+	w.snap.Now = w.clock
+	w.ageRefusals()
 	d, err := w.eng.Decide(context.Background(), &w.snap)
 	if err != nil {
 		w.t.Fatal(err)
@@ -144,11 +159,72 @@ func (w *world) cycle() *decide.Decision {
 	}
 	for _, e := range d.Evict {
 		for _, p := range e.Pods {
-			p.DeletionTimestamp = &now
+			w.evict(p, e, now)
 		}
 	}
 	w.last = d
 	return d
+}
+
+// ageRefusals forgets refusals older than refusalTTL, as the controller
+// does.
+func (w *world) ageRefusals() {
+	for uid, r := range w.snap.Refused {
+		if w.clock.Sub(r.At) > refusalTTL {
+			delete(w.snap.Refused, uid)
+		}
+	}
+}
+
+// evict applies an eviction to one pod as the API server would (and the
+// controller after a budget's refusal when forced): refused outright for
+// the pods in refuse, refused by the budget of a running pod in budgets
+// unless forced, else deleted with the eviction's grace period (a pod
+// already terminating only gets a shorter one).
+func (w *world) evict(p *corev1.Pod, e *decide.Eviction, now metav1.Time) {
+	if w.snap.Refused == nil {
+		w.snap.Refused = map[types.UID]decide.Refusal{}
+	}
+	running := p.Spec.NodeName != "" && p.DeletionTimestamp == nil
+	switch {
+	case w.refuse[p.Name]:
+		w.snap.Refused[p.UID] = decide.Refusal{At: now.Time}
+		return
+	case w.budgets[p.Name] && running && !e.Force:
+		w.snap.Refused[p.UID] = decide.Refusal{At: now.Time, Budget: true}
+		return
+	case w.budgets[p.Name] && running:
+		w.forced++
+	}
+	delete(w.snap.Refused, p.UID)
+	g := decide.GraceSeconds(p, e.GracePeriod)
+	if g == nil {
+		g = ptr.To(int64(corev1.DefaultTerminationGracePeriodSeconds))
+		if p.Spec.TerminationGracePeriodSeconds != nil {
+			g = p.Spec.TerminationGracePeriodSeconds
+		}
+	}
+	w.deleteWith(p, *g, now)
+}
+
+// deleteWith deletes a pod gracefully, as the API server does: the
+// deadline is the deletion's start plus the grace period, and a pod
+// already being deleted only takes a shorter one.
+func (w *world) deleteWith(p *corev1.Pod, grace int64, now metav1.Time) {
+	start := now.Time
+	if p.DeletionTimestamp != nil {
+		if p.DeletionGracePeriodSeconds != nil && grace >= *p.DeletionGracePeriodSeconds {
+			return
+		}
+		old := int64(0)
+		if p.DeletionGracePeriodSeconds != nil {
+			old = *p.DeletionGracePeriodSeconds
+		}
+		start = p.DeletionTimestamp.Add(-time.Duration(old) * time.Second)
+	}
+	d := metav1.NewTime(start.Add(time.Duration(grace) * time.Second))
+	p.DeletionTimestamp = &d
+	p.DeletionGracePeriodSeconds = ptr.To(grace)
 }
 
 // schedule allocates the claims of ungated, unscheduled pods, on the node
@@ -199,6 +275,7 @@ func (w *world) schedule() {
 		for _, n := range order {
 			if len(need) == 0 {
 				p.Spec.NodeName = n
+				reserve(p, claims)
 				break
 			}
 			res, err := allocation.NewAllocator(w.slices[n], w.snap.Classes).Allocate(ctx, decidetest.Node(n), states[n], need...)
@@ -213,8 +290,28 @@ func (w *world) schedule() {
 				states[n].Add(&res[i])
 			}
 			p.Spec.NodeName = n
+			reserve(p, claims)
 			break
 		}
+	}
+}
+
+// reserve adds the pod to its claims' reservedFor, as the scheduler does
+// when it binds.
+func reserve(p *corev1.Pod, claims []*resourceapi.ResourceClaim) {
+	for _, c := range claims {
+		if !slices.ContainsFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }) {
+			c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p.Name, UID: p.UID})
+		}
+	}
+}
+
+// stop ends pods (Failed, as the kubelet marks a deleted pod it stopped)
+// without releasing their claims: the moment before the resourceclaim
+// controller deallocates them (release).
+func (w *world) stop(names ...string) {
+	for _, n := range names {
+		w.get(n).Status.Phase = corev1.PodFailed
 	}
 }
 
@@ -318,7 +415,7 @@ func (w *world) release() {
 	}
 	for _, c := range w.snap.Claims {
 		if !inUse[c.Name] {
-			c.Status.Allocation = nil
+			c.Status.Allocation, c.Status.ReservedFor = nil, nil
 		}
 	}
 }

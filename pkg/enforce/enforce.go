@@ -83,6 +83,15 @@ const (
 	// preload file is mounted: glibc's ld.so loads what it names into
 	// every dynamically linked process, whatever its environment.
 	LDSoPreload = "/etc/ld.so.preload"
+	// OverrideEnvFile is a file HAMi-core reads as KEY=VALUE lines and
+	// setenv()s over the process's environment when it hooks NVML (its
+	// ENV_OVERRIDE_FILE): an image could carry one that raises the limits
+	// or switches the compute limiter off in the processes (and children)
+	// that read it. The spec masks it with the host's /dev/null,
+	// read-only, as runtimes mask paths.
+	OverrideEnvFile = "/overrideEnv"
+	// hostNull is what OverrideEnvFile is masked with.
+	hostNull = "/dev/null"
 )
 
 // Variables the plugin sets. The formats are what the consumers parse.
@@ -112,7 +121,42 @@ const (
 	EnvTesseraMemoryLimit    = "TESSERA_MEMORY_LIMIT"
 	EnvTesseraComputeLimit   = "TESSERA_COMPUTE_LIMIT"
 	EnvTesseraClaim          = "TESSERA_CLAIM"
+	// EnvCUDARedirect names the library whose cu* symbols HAMi-core's
+	// dlsym hands out (default /usr/local/vgpu/libvgpu.so, which an image
+	// could fill with the real driver's): set to the interposer itself.
+	EnvCUDARedirect = "CUDA_REDIRECT"
+	// HAMi-core's other inputs, set to HAMi-core's own defaults so that
+	// neither the pod nor the image sets them: whether it kills a process
+	// over its limit, the task priority in the claim's shared region, and
+	// how often it records kernel launches for the compute limiter.
+	EnvActiveOOMKiller      = "ACTIVE_OOM_KILLER"
+	EnvTaskPriority         = "CUDA_TASK_PRIORITY"
+	EnvRecordKernelInterval = "RECORD_KERNEL_INTERVAL"
 )
+
+// HAMiCoreVersion is the HAMi-core revision whose inputs (environment
+// variables and files, docs/enforcement.md "What a container can change")
+// the plugin sets or masks.
+const HAMiCoreVersion = "8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811"
+
+// HAMiCoreEnv are the environment variables HAMiCoreVersion's src/ reads
+// (every getenv; "<i>" stands for a device index 0-15). In interposer mode
+// the claim's CDI spec sets every one of them but LIBCUDA_LOG_LEVEL
+// (logging); admission refuses them in a claim user's env, except
+// HAMiCoreEnvAllowed.
+var HAMiCoreEnv = []string{
+	EnvMemoryLimit, EnvMemoryLimitPrefix + "<i>", EnvSMLimit, EnvSMLimitPrefix + "<i>", // multiprocess_memory_limit.c
+	EnvSharedCache, EnvCoreUtilizationPolicy, EnvActiveOOMKiller, EnvTaskPriority, EnvRecordKernelInterval, // multiprocess_memory_limit.c
+	EnvCUDARedirect,       // libvgpu.c
+	EnvCudaVisibleDevices, // utils.c
+	"LIBCUDA_LOG_LEVEL",   // log_utils.c
+}
+
+// HAMiCoreEnvAllowed are the HAMiCoreEnv a pod may still set: the CDI
+// value replaces CUDA_VISIBLE_DEVICES's (many images and scripts set it;
+// refusing it would buy nothing), and LIBCUDA_LOG_LEVEL only sets how much
+// HAMi-core logs.
+var HAMiCoreEnvAllowed = []string{EnvCudaVisibleDevices, "LIBCUDA_LOG_LEVEL"}
 
 // maxInterposerDevices is how many per-device variables the interposer reads.
 const maxInterposerDevices = 16
@@ -361,11 +405,14 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 	}
 	if interposer {
 		// Every variable the interposer reads is set, so that none comes
-		// from the pod: a limit for every visible index (a device the
-		// interposer does not cap gets its own size and 100 %), the
-		// fallbacks it reads for an index without one (the smallest
-		// limit), and the compute policy, which the pod could otherwise
-		// set to "disable" to switch the compute limiter off.
+		// from the pod or the image (HAMiCoreVersion's getenv calls; only
+		// LIBCUDA_LOG_LEVEL, logging, is left): a limit for every visible
+		// index (a device the interposer does not cap gets its own size
+		// and 100 %), the fallbacks it reads for an index without one (the
+		// smallest limit), the compute policy, which the pod could
+		// otherwise set to "disable" to switch the compute limiter off,
+		// and HAMi-core's defaults for the rest. CUDA_REDIRECT goes with
+		// the library (below).
 		for i := range visible {
 			env = append(env, fmt.Sprintf("%s%d=%dm", EnvMemoryLimitPrefix, i, memLimit[i]))
 		}
@@ -373,7 +420,8 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 		for i := range visible {
 			env = append(env, fmt.Sprintf("%s%d=%d", EnvSMLimitPrefix, i, smLimit[i]))
 		}
-		env = append(env, fmt.Sprintf("%s=%d", EnvSMLimit, minSM), EnvCoreUtilizationPolicy+"=force")
+		env = append(env, fmt.Sprintf("%s=%d", EnvSMLimit, minSM), EnvCoreUtilizationPolicy+"=force",
+			EnvActiveOOMKiller+"=true", EnvTaskPriority+"=1", EnvRecordKernelInterval+"=1")
 		res.AccountingDir = accountingHostDir
 		containerDir := path.Join(AccountingRoot, claim.UID)
 		env = append(env, fmt.Sprintf("%s=%s/vgpu-%s.cache", EnvSharedCache, containerDir, claim.ShareKey))
@@ -389,11 +437,15 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 		// the library by the read-only preload list, which a process
 		// that unsets LD_PRELOAD (or an exec with a fresh environment)
 		// cannot drop.
-		env = append(env, EnvLDPreload+"="+lib)
+		env = append(env, EnvLDPreload+"="+lib, EnvCUDARedirect+"="+lib)
 		res.Mounts = append(res.Mounts, &cdispec.Mount{
 			HostPath:      node.InterposerLibrary,
 			ContainerPath: lib,
 			Options:       []string{"ro", "nosuid", "nodev", "bind"},
+		}, &cdispec.Mount{
+			HostPath:      hostNull,
+			ContainerPath: OverrideEnvFile,
+			Options:       []string{"ro", "nosuid", "noexec", "bind"},
 		})
 		if claim.PreloadFile != "" {
 			res.PreloadFile, res.PreloadContent = claim.PreloadFile, PreloadList(lib)

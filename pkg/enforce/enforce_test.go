@@ -75,7 +75,7 @@ func TestPlan(t *testing.T) {
 				"TESSERA_MEMORY_LIMIT=4294967296", "TESSERA_COMPUTE_LIMIT=30", "TESSERA_CLAIM=ns/c",
 			},
 			absent:   []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "PYTORCH_CUDA_ALLOC_CONF"},
-			mounts:   []string{"/run/tessera/uid-1", "/usr/local/tessera/lib/libvgpu.so"},
+			mounts:   []string{"/run/tessera/uid-1", "/usr/local/tessera/lib/libvgpu.so", "/overrideEnv"},
 			levels:   []Level{Interposer},
 			accounts: true,
 		},
@@ -113,7 +113,7 @@ func TestPlan(t *testing.T) {
 			node:   Node{InterposerLibrary: lib, MPSPipeDir: mpsRoot},
 			want:   []string{"TESSERA_MODE=interposer", "TESSERA_ENFORCED=interposer"},
 			levels: []Level{Interposer}, accounts: true,
-			mounts: []string{"/run/tessera/uid-1", "/usr/local/tessera/lib/libvgpu.so"},
+			mounts: []string{"/run/tessera/uid-1", "/usr/local/tessera/lib/libvgpu.so", "/overrideEnv"},
 		},
 		{
 			name:   "auto falls back to mps",
@@ -173,7 +173,7 @@ func TestPlan(t *testing.T) {
 			absent:   []string{"CUDA_DEVICE_MEMORY_LIMIT_2"},
 			levels:   []Level{Interposer, Interposer},
 			accounts: true,
-			mounts:   []string{"/run/tessera/uid-1", "/usr/local/tessera/lib/libvgpu.so"},
+			mounts:   []string{"/run/tessera/uid-1", "/usr/local/tessera/lib/libvgpu.so", "/overrideEnv"},
 		},
 		{
 			name: "two shares of one GPU add up",
@@ -199,7 +199,7 @@ func TestPlan(t *testing.T) {
 				"CUDA_DEVICE_MEMORY_LIMIT=2048m", "CUDA_DEVICE_SM_LIMIT=25", "GPU_CORE_UTILIZATION_POLICY=force", "TESSERA_ENFORCED=interposer,hard"},
 			levels:   []Level{Interposer, Hard},
 			accounts: true,
-			mounts:   []string{"/run/tessera/uid-1", "/usr/local/tessera/lib/libvgpu.so"},
+			mounts:   []string{"/run/tessera/uid-1", "/usr/local/tessera/lib/libvgpu.so", "/overrideEnv"},
 		},
 		{
 			name: "shares of one GPU with different modes conflict",
@@ -470,6 +470,71 @@ func TestPreloadFile(t *testing.T) {
 			}
 			if got := slices.Contains(res.Env, "LD_PRELOAD=/usr/local/tessera/lib/libvgpu.so"); got != tt.wantEnv {
 				t.Errorf("LD_PRELOAD set: %v, want %v (%v)", got, tt.wantEnv, res.Env)
+			}
+		})
+	}
+}
+
+// TestHAMiCoreInputs: in interposer mode with the node's library, the CDI
+// spec sets every variable HAMi-core (HAMiCoreVersion) reads but its log
+// level, to Tessera's value or HAMi-core's own default, so that neither
+// the pod's env nor the image's ENV reaches it (CDI edits come last);
+// CUDA_REDIRECT names the interposer itself, so the dlsym hook never hands
+// out another library's cu* symbols (an image's /usr/local/vgpu/libvgpu.so);
+// and HAMi-core's override file is masked with /dev/null, read-only. In
+// the other modes nothing of this is set.
+func TestHAMiCoreInputs(t *testing.T) {
+	lib := "/opt/hami/libvgpu.so"
+	inter := cfg(v1alpha1.EnforcementInterposer)
+	for _, tt := range []struct {
+		name   string
+		allocs []Allocation
+		node   Node
+		want   bool
+	}{
+		{"interposer with library", []Allocation{share("gpu-0", gpu0, 4*gib, 30, inter)}, Node{InterposerLibrary: lib}, true},
+		{"mps", []Allocation{share("gpu-0", gpu0, 4*gib, 30, cfg(v1alpha1.EnforcementMPS))}, Node{InterposerLibrary: lib, MPSPerClaim: true}, false},
+		{"none", []Allocation{share("gpu-0", gpu0, 4*gib, 30, cfg(v1alpha1.EnforcementNone))}, Node{InterposerLibrary: lib}, false},
+		{"whole GPU", []Allocation{{Request: "gpu", Device: "gpu-0", Type: devicemodel.TypeGPU, UUID: gpu0, GPUUUID: gpu0, Memory: 16 * gib, Whole: true, ReportedTotal: 16 * gib, Config: inter}}, Node{InterposerLibrary: lib}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			claim := Claim{Namespace: "ns", Name: "c", UID: "uid-1", ShareKey: "abc", PreloadFile: "/p", MPSPipeDir: "/m"}
+			res, err := Plan(claim, tt.allocs, tt.node, "/var/lib/tessera/accounting/uid-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			env := map[string]string{}
+			for _, e := range res.Env {
+				k, v, _ := strings.Cut(e, "=")
+				env[k] = v
+			}
+			for _, name := range HAMiCoreEnv {
+				name = strings.ReplaceAll(name, "<i>", "0")
+				_, set := env[name]
+				switch {
+				case name == "LIBCUDA_LOG_LEVEL" && set:
+					t.Errorf("%s set: it is the pod's to choose", name)
+				case name == "LIBCUDA_LOG_LEVEL", name == EnvCudaVisibleDevices:
+				case tt.want && !set:
+					t.Errorf("%s is not set: the pod or the image could set it (%v)", name, res.Env)
+				case !tt.want && set && name != EnvCudaVisibleDevices:
+					t.Errorf("%s set outside interposer mode", name)
+				}
+			}
+			if tt.want && env[EnvCUDARedirect] != env[EnvLDPreload] {
+				t.Errorf("CUDA_REDIRECT=%q, want the interposer itself (%s)", env[EnvCUDARedirect], env[EnvLDPreload])
+			}
+			var masked []*cdispec.Mount
+			for _, m := range res.Mounts {
+				if m.ContainerPath == OverrideEnvFile {
+					masked = append(masked, m)
+				}
+			}
+			switch {
+			case tt.want && (len(masked) != 1 || masked[0].HostPath != "/dev/null" || !slices.Contains(masked[0].Options, "ro")):
+				t.Errorf("%s not masked read-only with /dev/null: %+v", OverrideEnvFile, masked)
+			case !tt.want && len(masked) > 0:
+				t.Errorf("%s masked outside interposer mode", OverrideEnvFile)
 			}
 		})
 	}

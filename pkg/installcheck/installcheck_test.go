@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,14 +45,33 @@ func TestRun(t *testing.T) {
 		}
 		return c.Create(ctx, obj, opts...)
 	}}
-	good := []client.Object{class("gpu.tessera.dev"), class("mig.tessera.dev"), slice("gpu.tessera.dev"), queue}
+	sandbox := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "tessera-sandbox"}}
+	good := []client.Object{class("gpu.tessera.dev"), class("mig.tessera.dev"), slice("gpu.tessera.dev"), queue, sandbox}
+	ns := func(name string, labels ...string) client.Object {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}}}
+		for i := 0; i+1 < len(labels); i += 2 {
+			n.Labels[labels[i]] = labels[i+1]
+		}
+		return n
+	}
+	const psa = "pod-security.kubernetes.io/enforce"
 	for _, tc := range []struct {
 		name    string
 		objs    []client.Object
 		webhook interceptor.Funcs
 		queue   string
 		want    []string // substrings of the error; none: success
+		out     []string // substrings of the report
 	}{
+		{name: "sandbox policy missing", objs: good[:4], webhook: gating, queue: "default", want: []string{"sandbox policy", "ValidatingAdmissionPolicy tessera-sandbox", "admissionPolicies.sandbox.enabled"}},
+		{name: "managed namespaces with and without Pod Security", webhook: gating, queue: "default",
+			objs: append(append([]client.Object(nil), good...),
+				ns("team-a", "tessera.dev/queue", "a", psa, "baseline"), ns("team-b", "tessera.dev/queue", "b", psa, "privileged"),
+				ns("team-c", "tessera.dev/queue", "c"), ns("lab", "tessera.dev/queue", "l", "tessera.dev/sandbox", "exempt"), ns("plain")),
+			out: []string{"WARN tenant namespaces: managed namespaces without pod-security.kubernetes.io/enforce=baseline (or restricted): [team-b team-c]", "exempt from the sandbox", "[lab]", "ok   sandbox policy"}},
+		{name: "managed namespaces all baseline or restricted", webhook: gating, queue: "default",
+			objs: append(append([]client.Object(nil), good...), ns("team-a", "tessera.dev/queue", "a", psa, "baseline"), ns("team-b", "tessera.dev/queue", "b", psa, "restricted")),
+			out:  []string{"ok   tenant namespaces: 2 managed namespaces enforce Pod Security baseline or restricted"}},
 		{name: "healthy", objs: good, webhook: gating, queue: "default"},
 		{name: "no webhook check without a queue", objs: good, queue: ""},
 		{name: "missing class", objs: good[1:], webhook: gating, queue: "default", want: []string{"device classes", "gpu.tessera.dev"}},
@@ -64,7 +84,12 @@ func TestRun(t *testing.T) {
 				WithIndex(&resourceapi.ResourceSlice{}, "spec.driver", func(o client.Object) []string { return []string{o.(*resourceapi.ResourceSlice).Spec.Driver} }).
 				WithInterceptorFuncs(tc.webhook).Build()
 			var out bytes.Buffer
-			err := Run(context.Background(), c, Options{Driver: "gpu.tessera.dev", DeviceClasses: []string{"gpu.tessera.dev", "mig.tessera.dev"}, Namespace: "tessera-system", Queue: tc.queue, Image: "pause"}, &out)
+			err := Run(context.Background(), c, Options{Driver: "gpu.tessera.dev", DeviceClasses: []string{"gpu.tessera.dev", "mig.tessera.dev"}, Namespace: "tessera-system", Queue: tc.queue, Image: "pause", SandboxPolicy: "tessera-sandbox"}, &out)
+			for _, o := range tc.out {
+				if !strings.Contains(out.String(), o) {
+					t.Errorf("report lacks %q:\n%s", o, out.String())
+				}
+			}
 			if len(tc.want) == 0 {
 				if err != nil {
 					t.Fatalf("unexpected failure: %v\n%s", err, out.String())

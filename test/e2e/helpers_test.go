@@ -14,6 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -75,6 +76,29 @@ func newNamespace(t *testing.T) string {
 		_ = cluster.Client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
 	})
 	return ns.Name
+}
+
+// exemptNamespace is newNamespace labelled tessera.dev/sandbox=exempt, as
+// a cluster administrator exempts a namespace from Tessera's sandbox
+// (docs/security.md, "The sandbox"): for tests whose pods mount host
+// files or run unconfined on purpose.
+func exemptNamespace(t *testing.T) string {
+	t.Helper()
+	ns := newNamespace(t)
+	patch := []byte(`{"metadata":{"labels":{"tessera.dev/sandbox":"exempt"}}}`)
+	if _, err := cluster.Client.CoreV1().Namespaces().Patch(t.Context(), ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("exempting namespace %s from the sandbox: %v", ns, err)
+	}
+	// The API server's policies see the label once its namespace informer
+	// does: wait until a claim pod in the host's network passes.
+	probe := busyboxPod("exempt-probe", "true")
+	probe.Spec.HostNetwork = true
+	probe.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: new("none")}}
+	waitFor(t, 30*time.Second, "namespace "+ns+" exempt from the sandbox", func(ctx context.Context) (bool, error) {
+		_, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil, err
+	})
+	return ns
 }
 
 func sanitize(s string) string {

@@ -36,22 +36,7 @@ __attribute__((constructor)) static void loaded(void) {
 // loader: the pod mounts the host's glibc loader and libraries and cat
 // (hostPath, read-only).
 func TestPreloadWithoutLDPreload(t *testing.T) {
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Fatal("needs a C compiler for the fixture interposer (the plugin's cgo build needs one too)")
-	}
-	dir := filepath.Join(cluster.Dirs.Root, "interposer-fixture")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	src, lib := filepath.Join(dir, "fixture.c"), filepath.Join(dir, "libvgpu.so")
-	if err := os.WriteFile(src, []byte(fixtureInterposer), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
-		t.Fatalf("building the fixture interposer: %v\n%s", err, out)
-	}
-	usePlugin(t, localcluster.PluginConfig{Profile: localcluster.DefaultProfile, Args: []string{"--interposer-library=" + lib}})
+	usePlugin(t, interposerPlugin(t))
 
 	// The host's cat and every file its loader needs.
 	const cat = "/usr/bin/cat"
@@ -85,7 +70,9 @@ func TestPreloadWithoutLDPreload(t *testing.T) {
 		}
 		return p
 	}
-	ns := newNamespace(t)
+	// The probe mounts host files: a namespace an administrator exempted
+	// from Tessera's sandbox (the test's admin is one).
+	ns := exemptNamespace(t)
 	createTemplate(t, ns, shareTemplate("share", "1Gi", `{"apiVersion":"tessera.dev/v1alpha1","kind":"GpuConfig","enforcement":"interposer"}`))
 	createPod(t, ns, probe("claim", true))
 	createPod(t, ns, probe("control", false))
@@ -113,4 +100,27 @@ func TestPreloadWithoutLDPreload(t *testing.T) {
 	if !strings.Contains(logs["control"], "PROBE: ") || !strings.Contains(logs["control"], "/probe/cat") {
 		t.Error("the control's cat did not run (no maps): the probe proves nothing")
 	}
+}
+
+// interposerPlugin builds the fixture interposer (once per cluster
+// directory) and returns the plugin configuration that preloads it
+// (--interposer-library).
+func interposerPlugin(t *testing.T) localcluster.PluginConfig {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Fatal("needs a C compiler for the fixture interposer (the plugin's cgo build needs one too)")
+	}
+	dir := filepath.Join(cluster.Dirs.Root, "interposer-fixture")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, lib := filepath.Join(dir, "fixture.c"), filepath.Join(dir, "libvgpu.so")
+	if err := os.WriteFile(src, []byte(fixtureInterposer), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+		t.Fatalf("building the fixture interposer: %v\n%s", err, out)
+	}
+	return localcluster.PluginConfig{Profile: localcluster.DefaultProfile, Args: []string{"--interposer-library=" + lib}}
 }

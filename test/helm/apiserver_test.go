@@ -283,7 +283,10 @@ func TestInstallIntoAPIServer(t *testing.T) {
 		{pluginName, authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "get", Namespace: DefaultNamespace}, false},
 		{controllerName, authorizationv1.ResourceAttributes{Resource: "pods", Verb: "patch", Namespace: "team-a"}, true},
 		{controllerName, authorizationv1.ResourceAttributes{Resource: "pods", Subresource: "eviction", Verb: "create", Namespace: "team-a"}, true},
-		{controllerName, authorizationv1.ResourceAttributes{Resource: "pods", Verb: "delete", Namespace: "team-a"}, false},
+		// Reclaim past a budget (controller.reclaimPastBudgets): the policy
+		// <controller>-pod-deletes narrows it (TestAdmissionPolicies).
+		{controllerName, authorizationv1.ResourceAttributes{Resource: "pods", Verb: "delete", Namespace: "team-a"}, true},
+		{controllerName, authorizationv1.ResourceAttributes{Resource: "pods", Verb: "deletecollection", Namespace: "team-a"}, false},
 		{controllerName, authorizationv1.ResourceAttributes{Group: "tessera.dev", Resource: "queues", Subresource: "status", Verb: "update", Name: "default"}, true},
 		{controllerName, authorizationv1.ResourceAttributes{Group: "tessera.dev", Resource: "queues", Verb: "update", Name: "default"}, false},
 		{controllerName, authorizationv1.ResourceAttributes{Group: "resource.k8s.io", Resource: "resourceclaims", Verb: "update", Namespace: "team-a"}, false},

@@ -3,6 +3,7 @@ package helm
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/enforce"
 )
 
 // TestAdmissionPolicies installs the chart without its webhooks (so only
@@ -25,7 +28,10 @@ import (
 // `edit` role, as the controller and as the kubelet plugin.
 func TestAdmissionPolicies(t *testing.T) {
 	s, ctx, admin := chartAPIServer(t)
+	// The sandbox as the chart's defaults have it (the local cluster's
+	// values tell it the nodes default to RuntimeDefault).
 	install := s.installChart(t, "--set", "webhook.enabled=false", "--set", "controller.canary.enabled=true",
+		"--set", "admissionPolicies.sandbox.nodesSeccompDefault=false",
 		"--set-json", `admissionPolicies.extendedResourceNames=["example.com/gpu"]`)
 
 	// A tenant: a ServiceAccount with what `edit` gives on pods and claims
@@ -67,10 +73,13 @@ func TestAdmissionPolicies(t *testing.T) {
 	tenantM := s.impersonate(t, "managed", "tenant", "")
 	ctl := s.impersonate(t, DefaultNamespace, controllerName, "")
 
+	// Pods in Tessera's sandbox (policy <release>-sandbox) name a seccomp
+	// profile; testSandbox tries the rest.
 	pod := func(name string, labels map[string]string, gated, claim bool, env ...corev1.EnvVar) *corev1.Pod {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox", Env: env}}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox", Env: env}},
+				SecurityContext: runtimeDefault()},
 		}
 		if gated {
 			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "tessera.dev/admission"}}
@@ -152,14 +161,35 @@ func TestAdmissionPolicies(t *testing.T) {
 	// the kubelet's and the scheduler's writes pass.
 	testTesseraKeys(t, ctx, s, admin, tenant, ctl)
 
-	// 5. The pod's env cannot loosen its limits.
-	for _, e := range []corev1.EnvVar{
-		{Name: "CUDA_DEVICE_MEMORY_LIMIT_0", Value: "80g"}, {Name: "CUDA_DEVICE_SM_LIMIT", Value: "100"},
-		{Name: "CUDA_DEVICE_MEMORY_SHARED_CACHE", Value: "/tmp/x"}, {Name: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", Value: "0=80G"},
-		{Name: "GPU_CORE_UTILIZATION_POLICY", Value: "disable"}, {Name: "TESSERA_ENFORCEMENT", Value: "none"},
-	} {
+	// 5. The pod's env cannot loosen its limits: every variable HAMi-core
+	// reads (enforce.HAMiCoreEnv) but the allowed ones, as a value or from
+	// a ConfigMap or Secret key, and Tessera's own.
+	envs := []corev1.EnvVar{{Name: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", Value: "0=80G"}, {Name: "TESSERA_ENFORCEMENT", Value: "none"}}
+	for _, name := range enforce.HAMiCoreEnv {
+		name = strings.ReplaceAll(name, "<i>", "0")
+		if slices.Contains(enforce.HAMiCoreEnvAllowed, name) {
+			_, err := tenant.CoreV1().Pods("team-a").Create(ctx, pod("env", nil, false, true, corev1.EnvVar{Name: name, Value: "1"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			allowed("claim user sets "+name+" (allowed: docs/enforcement.md)", err)
+			continue
+		}
+		envs = append(envs, corev1.EnvVar{Name: name, Value: "1"},
+			corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}, Key: "k"}}})
+	}
+	for _, e := range envs {
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, pod("env", nil, false, true, e), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		refused("claim user sets "+e.Name, err, "container main gets devices through DRA and sets a variable the GPU enforcement reads")
+		refused(fmt.Sprintf("claim user sets %s (from a key: %v)", e.Name, e.ValueFrom != nil), err, "container main gets devices through DRA and sets a variable the GPU enforcement reads")
+	}
+	for _, prefix := range []string{"CUDA_RED", "ACTIVE_", "RECORD_KERNEL_", "GPU_", "CUDA_TASK", "CUDA_DEVICE_SM_LIMIT_"} {
+		p := pod("envfrom", nil, false, true)
+		p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: prefix, SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}}}}
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		refused("claim user's envFrom prefix "+prefix, err, "envFrom prefix")
+	}
+	for _, prefix := range []string{"LIBCUDA_", "APP_", "CUDA_DEVICE_ORDER"} {
+		p := pod("envfrom", nil, false, true)
+		p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: prefix, SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}}}}
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		allowed("claim user's envFrom prefix "+prefix, err)
 	}
 	withPrefix := pod("envfrom", nil, false, true)
 	withPrefix.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "CUDA_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}}
@@ -207,6 +237,14 @@ func TestAdmissionPolicies(t *testing.T) {
 
 	// 5d. NVIDIA_VISIBLE_DEVICES outside a claim (legacy NVIDIA runtime).
 	testNvidiaVisibleDevices(t, ctx, admin, tenant)
+
+	// 10. The sandbox: no privileged pods, host namespaces, hostPath,
+	// added capabilities or unconfined seccomp for device users and in
+	// managed namespaces.
+	testSandbox(t, ctx, admin, tenant, tenantM)
+
+	// 8b. Reclaim deletes only queued pods it marked Reclaimed.
+	testControllerDeletes(t, ctx, admin, ctl)
 
 	// 8. The plugin writes the status only of claims allocated on its node.
 	claim := &resourceapi.ResourceClaim{
@@ -256,6 +294,23 @@ func TestAdmissionPolicies(t *testing.T) {
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, nvidiaPod("off", corev1.EnvVar{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	})
+
+	// Nodes that default to RuntimeDefault (sandbox.nodesSeccompDefault):
+	// a claim pod without a profile passes, Unconfined still does not.
+	nodesDefault := append(append([]string(nil), off...), "--set", "admissionPolicies.sandbox.nodesSeccompDefault=true")
+	if out, err := runHelm(t, nodesDefault...); err != nil {
+		t.Fatalf("helm upgrade with admissionPolicies.sandbox.nodesSeccompDefault=true: %v\n%s", err, out)
+	}
+	noProfile := sandboxPod("no-profile")
+	noProfile.Spec.SecurityContext = nil
+	eventually(t, "a claim pod without a seccomp profile allowed once the nodes default to RuntimeDefault", func() error {
+		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, noProfile.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
+	unconfined := sandboxPod("unconfined")
+	unconfined.Spec.SecurityContext.SeccompProfile.Type = corev1.SeccompProfileTypeUnconfined
+	_, err = tenant.CoreV1().Pods("team-a").Create(ctx, unconfined, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	refused("a claim pod with seccomp Unconfined, nodes defaulting to RuntimeDefault", err, "runs with seccomp Unconfined")
 }
 
 // eventually retries f until it returns nil (the API server loads and
@@ -281,7 +336,7 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 	meta := func(name string, labels, annotations map[string]string) *corev1.Pod {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}, SecurityContext: runtimeDefault()},
 		}
 	}
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
@@ -418,7 +473,8 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 func nvidiaPod(name string, env ...corev1.EnvVar) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "nvidia/cuda", Env: env}}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "nvidia/cuda", Env: env}},
+			SecurityContext: runtimeDefault()},
 	}
 }
 
@@ -572,7 +628,7 @@ func testCanaryAdmits(t *testing.T, ctx context.Context, s *apiServer, admin, te
 	for _, name := range []string{"canary-w", "intruder-w"} {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"tessera.dev/queue": "default"}},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}, SecurityContext: runtimeDefault(),
 				SchedulingGates: []corev1.PodSchedulingGate{{Name: "tessera.dev/admission"}}},
 		}
 		if _, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, metav1.CreateOptions{}); err != nil {

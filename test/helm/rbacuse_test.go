@@ -49,6 +49,7 @@ var apiUses = map[string]map[apiUse]string{
 		{"", "pods", "patch"}:                      "apply.go: ungate, node pins",
 		{"", "pods/status", "patch"}:               "apply.go, idle.go: pod conditions",
 		{"", "pods/eviction", "create"}:            "evict.go: reclaim, idle reclaim, stale pins",
+		{"", "pods", "delete"}:                     "evict.go: reclaim past a budget (controller.reclaimPastBudgets)",
 		{"", "events", "create"}:                   "controller-runtime: leader-election events",
 		{"", "events", "patch"}:                    "controller-runtime: leader-election events",
 		{"events.k8s.io", "events", "create"}:      "the manager's event recorder",

@@ -147,12 +147,17 @@ evictionHard:
   nodefs.inodesFree: "1%%"
   imagefs.available: "1%%"
 serializeImagePulls: false
+seccompDefault: true
 clusterDomain: cluster.local
 clusterDNS: ["127.0.0.1"]
 resolvConf: %q
 podLogsDir: %q
 featureGates:
 %s`, KubeletPort, KubeletHealthzPort, c.pki.caCert, c.Dirs.ContainerdSocket, c.Dirs.ContainerdSocket, c.resolvConf(), c.podLogsDir(), gates.String())
+	// seccompDefault: a container without a seccomp profile gets the
+	// runtime's default (containerd's refuses new user namespaces), as the
+	// chart's sandbox policy is told (localcluster.yaml:
+	// admissionPolicies.sandbox.nodesSeccompDefault).
 	// Pods resolve names against 127.0.0.1 (where nothing answers) instead
 	// of the host's resolvers: nothing in the cluster may dial off the machine.
 	// clusterDNS says the same for ClusterFirst pods (without it the kubelet

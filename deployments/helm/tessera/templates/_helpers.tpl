@@ -204,6 +204,15 @@ ClusterRole and the canary's): see controller-rbac.yaml. */}}
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
+{{- if and .Values.controller.reclaim .Values.controller.reclaimPastBudgets }}
+# Reclaim deletes an over-quota victim whose eviction a
+# PodDisruptionBudget refused when no other over-quota work makes room
+# (controller.reclaimPastBudgets); the policy <controller>-pod-deletes
+# allows it only on queued pods it marked Reclaimed.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["delete"]
+{{- end }}
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
@@ -255,4 +264,24 @@ has(c.resources) && ((has(c.resources.claims) && size(c.resources.claims) > 0) |
 {{/* CEL over `object` (a pod): it gets devices through DRA. */}}
 {{- define "tessera.cel.podUsesDevices" -}}
 (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) || (object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, {{ include "tessera.cel.containerUsesDevices" . }})
+{{- end -}}
+
+{{/* Which pods the sandbox policy (<release>-sandbox) holds to Tessera's
+sandbox, as one CEL expression over object and namespaceObject: every pod
+of a managed namespace (label tessera.dev/queue), and anywhere else a pod
+that may hold one of Tessera's devices: queued (label tessera.dev/queue),
+or getting devices through DRA (tessera.cel.podUsesDevices: one definition
+of a device user for every policy). */}}
+{{- define "tessera.sandbox.podMatches" -}}
+namespaceObject.metadata.?labels[?"tessera.dev/queue"].hasValue() ||
+      object.metadata.?labels[?"tessera.dev/queue"].hasValue() ||
+      {{ include "tessera.cel.podUsesDevices" . }}
+{{- end -}}
+
+{{/* A sandbox check over the containers a request adds (variables.regular,
+variables.ephemeral: two types, two lists): the names (or "name", a CEL
+expression over c) of those for which "test" holds. */}}
+{{- define "tessera.sandbox.each" -}}
+{{- $name := .name | default "c.name" -}}
+variables.regular.filter(c, {{ .test }}).map(c, {{ $name }}) + variables.ephemeral.filter(c, {{ .test }}).map(c, {{ $name }})
 {{- end -}}
