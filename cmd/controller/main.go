@@ -18,15 +18,15 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/tessera-dev/tessera/pkg/cli"
-	"github.com/tessera-dev/tessera/pkg/controller"
-	"github.com/tessera-dev/tessera/pkg/features"
+	"github.com/tessera-dev/tessera/pkg/control/controller"
+	"github.com/tessera-dev/tessera/pkg/featuregates"
 )
 
 func main() {
 	var opts controller.Options
 	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	gates := features.New(features.Controller())
+	gates := featuregates.New(featuregates.Controller())
 	opts.Gates = gates
 	if code, ok := cli.Parse(fs, gates, "Tessera's queue controller: admits pods labelled tessera.dev/queue by queue quota, fair\nshare and an all-or-nothing simulation of their claims with the scheduler's allocator.", os.Args[1:], os.Stderr); !ok {
 		os.Exit(code)

@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/tessera-dev/tessera/pkg/kubectltessera"
+	"github.com/tessera-dev/tessera/pkg/kubectl/commands"
 )
 
 func main() {
-	cmd := kubectltessera.NewRootCommand(kubectltessera.Streams{Out: os.Stdout, Err: os.Stderr})
+	cmd := commands.NewRootCommand(commands.Streams{Out: os.Stdout, Err: os.Stderr})
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		fmt.Fprintf(os.Stderr, "kubectl tessera: %v\n", err)
 		os.Exit(1)

@@ -7,7 +7,7 @@ import (
 )
 
 // The data path reads top-down (discover → model → publish → prepare →
-// CDI) over nvml.Interface; only pkg/backend decides whether that is the
+// CDI) over nvml.Interface; only pkg/node/nvmlsource decides whether that is the
 // node's NVML or the mock GPUs. No other package the plugin links may
 // reach into the mock, so that a real node runs exactly the code the mock
 // tests exercise.
@@ -20,18 +20,18 @@ func TestOnlyBackendImportsTheMock(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
 		pkg, imports := fields[0], fields[1:]
-		if !strings.HasPrefix(pkg, module) || pkg == module+"pkg/backend" || pkg == module+"pkg/nvmlmock" {
+		if !strings.HasPrefix(pkg, module) || pkg == module+"pkg/node/nvmlsource" || pkg == module+"pkg/gpu/nvmlmock" {
 			continue
 		}
 		for _, imp := range imports {
-			if imp == module+"pkg/nvmlmock" {
-				t.Errorf("%s imports pkg/nvmlmock: reach the mock GPUs through pkg/backend", pkg)
+			if imp == module+"pkg/gpu/nvmlmock" {
+				t.Errorf("%s imports pkg/gpu/nvmlmock: reach the mock GPUs through pkg/node/nvmlsource", pkg)
 			}
 		}
 	}
 }
 
-// The binaries link neither the trace replayer (pkg/sim, benchmark code)
+// The binaries link neither the trace replayer (hack/internal/sim, benchmark code)
 // nor test fixtures (packages named *test, *testing or fake): what they
 // need of either belongs in a package with a proper name.
 func TestLinksNoBenchmarkOrFixtures(t *testing.T) {
@@ -46,7 +46,7 @@ func TestLinksNoBenchmarkOrFixtures(t *testing.T) {
 			continue
 		}
 		last := rest[strings.LastIndex(rest, "/")+1:]
-		if rest == "pkg/sim" || strings.HasPrefix(rest, "pkg/sim/") || strings.HasPrefix(rest, "hack/") ||
+		if rest == "hack/internal/sim" || strings.HasPrefix(rest, "hack/internal/sim/") || strings.HasPrefix(rest, "hack/") ||
 			strings.HasSuffix(last, "test") || strings.HasSuffix(last, "testing") || last == "fake" {
 			t.Errorf("the binary links %s: benchmark code and test fixtures stay out of the binaries", pkg)
 		}

@@ -13,9 +13,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/cli"
-	"github.com/tessera-dev/tessera/pkg/features"
-	"github.com/tessera-dev/tessera/pkg/mps"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/featuregates"
+	"github.com/tessera-dev/tessera/pkg/node/mps"
+	"github.com/tessera-dev/tessera/pkg/node/plugin"
 )
 
 func main() {
@@ -25,7 +25,7 @@ func main() {
 	var opts plugin.Options
 	fs := pflag.NewFlagSet("kubelet-plugin", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	gates := features.New(features.Plugin())
+	gates := featuregates.New(featuregates.Plugin())
 	opts.Gates = gates
 	if code, ok := cli.Parse(fs, gates, "Tessera's DRA kubelet plugin for driver gpu.tessera.dev: discovers GPUs, publishes\nResourceSlices and prepares claims into per-claim CDI specs.", os.Args[1:], os.Stderr); !ok {
 		os.Exit(code)

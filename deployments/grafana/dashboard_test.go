@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tessera-dev/tessera/pkg/controller"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/control/controller"
+	"github.com/tessera-dev/tessera/pkg/node/plugin"
 )
 
 var metricRE = regexp.MustCompile(`\btessera_[a-z0-9_]+`)

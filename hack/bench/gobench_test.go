@@ -8,7 +8,7 @@ BenchmarkPrepareLatency/share-2         	    2000	   1334422 ns/op	         0.94
 BenchmarkGang512-2   	       3	  81234567 ns/op	      1075 allocator-calls
 BenchmarkBroken-2   	 FAIL
 PASS
-ok  	github.com/tessera-dev/tessera/pkg/plugin	12.3s
+ok  	github.com/tessera-dev/tessera/pkg/node/plugin	12.3s
 `)
 	got := parseBench(out)
 	tests := []struct {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/tessera-dev/tessera/hack/internal/docsection"
 	"github.com/tessera-dev/tessera/hack/internal/machine"
-	"github.com/tessera-dev/tessera/pkg/sim"
+	"github.com/tessera-dev/tessera/hack/internal/sim"
 	"github.com/tessera-dev/tessera/test/localcluster"
 	"github.com/tessera-dev/tessera/test/scale"
 )

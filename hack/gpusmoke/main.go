@@ -26,10 +26,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	"github.com/tessera-dev/tessera/pkg/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/enforce"
-	"github.com/tessera-dev/tessera/pkg/gpusmoke"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/hack/gpusmoke/internal/gpusmoke"
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/node/enforce"
+	"github.com/tessera-dev/tessera/pkg/node/plugin"
 )
 
 const shareMemory = 1 << 30

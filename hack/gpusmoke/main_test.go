@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/tessera-dev/tessera/pkg/backend"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/node/nvmlsource"
+	"github.com/tessera-dev/tessera/pkg/node/plugin"
 )
 
 // TestSmokeOnMockGPUs runs the smoke path without a GPU: discovery, the
@@ -14,7 +14,7 @@ import (
 func TestSmokeOnMockGPUs(t *testing.T) {
 	o := &plugin.Options{
 		NodeName:       "smoke",
-		Backend:        backend.Options{Kind: backend.Mock, MockProfile: "t4:1,a100-40gb", MockMIG: "all"},
+		Backend:        nvmlsource.Options{Kind: nvmlsource.Mock, MockProfile: "t4:1,a100-40gb", MockMIG: "all"},
 		ReservedMemory: "256Mi",
 		MIGMode:        "dynamic",
 		NvidiaSMI:      "nvidia-smi",

@@ -15,9 +15,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/tessera-dev/tessera/pkg/decide"
-	"github.com/tessera-dev/tessera/pkg/sim"
-	"github.com/tessera-dev/tessera/pkg/whatif"
+	"github.com/tessera-dev/tessera/hack/internal/sim"
+	"github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/whatif"
 )
 
 func main() {

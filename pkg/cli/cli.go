@@ -1,7 +1,7 @@
 // Package cli parses the commands' flags the same way in every binary:
 // the command's own flags, Kubernetes' logging flags (k8s.io/component-base:
 // -v, --vmodule, --logging-format=text|json, ...) and --feature-gates for
-// the logging gates and the binary's own (pkg/features); --help to standard error with exit 0, and a bad flag
+// the logging gates and the binary's own (pkg/featuregates); --help to standard error with exit 0, and a bad flag
 // or logging setting reported with its error and the usage, exit 2.
 package cli
 

@@ -22,8 +22,8 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-dev/tessera/pkg/controller"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/control/controller"
+	"github.com/tessera-dev/tessera/pkg/node/plugin"
 	"github.com/tessera-dev/tessera/test/helm"
 )
 

@@ -17,8 +17,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tessera-dev/tessera/pkg/driverfiles/fixture"
-	"github.com/tessera-dev/tessera/pkg/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/node/driverfiles/fixture"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

@@ -17,7 +17,7 @@ import (
 )
 
 // TestTimeBasedFairShare checks the worked example of docs/controller.md
-// ("Time-based fair share", pkg/queue/usageweight_test.go) on the local
+// ("Time-based fair share", pkg/control/queue/usageweight_test.go) on the local
 // cluster: parent tfs-research weighs usage; its children tfs-a and tfs-b
 // have weight 1 and no quota. Two unqueued 12Gi pods take most of both
 // T4s; tfs-a then runs a 1Gi pod until its history (every 5 s) holds

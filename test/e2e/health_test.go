@@ -16,8 +16,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/health"
-	"github.com/tessera-dev/tessera/pkg/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/node/health"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/tessera-dev/tessera/pkg/enforce"
+	"github.com/tessera-dev/tessera/pkg/node/enforce"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

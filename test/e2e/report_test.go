@@ -20,7 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 )
 
 // historyInterval is the controller's --usage-history-interval on the

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/enforce"
+	"github.com/tessera-dev/tessera/pkg/node/enforce"
 )
 
 // usernsScript tries to cover the claim's read-only /etc/ld.so.preload from

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/tessera-dev/tessera/pkg/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

@@ -7,7 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/tessera-dev/tessera/pkg/features"
+	"github.com/tessera-dev/tessera/pkg/featuregates"
 )
 
 // TestFeatureGates: every --feature-gates the chart renders names gates the
@@ -37,11 +37,11 @@ func TestFeatureGates(t *testing.T) {
 			got := map[string]string{}
 			for _, spec := range pods {
 				for _, c := range spec.Containers {
-					gates := features.Controller()
+					gates := featuregates.Controller()
 					switch {
 					case len(c.Command) == 1 && c.Command[0] == "/usr/bin/controller":
 					case c.Name == "kubelet-plugin":
-						gates = features.Plugin()
+						gates = featuregates.Plugin()
 					default:
 						continue
 					}
@@ -50,7 +50,7 @@ func TestFeatureGates(t *testing.T) {
 					if v == "" {
 						continue
 					}
-					if err := features.New(gates).Set(v); err != nil {
+					if err := featuregates.New(gates).Set(v); err != nil {
 						t.Errorf("container %s: --feature-gates=%s: %v", c.Name, v, err)
 					}
 				}

@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/mps"
-	"github.com/tessera-dev/tessera/pkg/mpspod"
+	"github.com/tessera-dev/tessera/pkg/node/mps"
+	"github.com/tessera-dev/tessera/pkg/node/mpspod"
 )
 
 // TestMPSDaemonPodPolicy: with kubeletPlugin.mps.mode pod the plugin's

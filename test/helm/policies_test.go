@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/enforce"
+	"github.com/tessera-dev/tessera/pkg/node/enforce"
 )
 
 // TestAdmissionPolicies installs the chart without its webhooks (so only

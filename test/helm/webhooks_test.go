@@ -19,7 +19,7 @@ import (
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/webhook"
+	"github.com/tessera-dev/tessera/pkg/control/webhook"
 )
 
 // TestWebhooksInAPIServer installs the chart into a real kube-apiserver and
@@ -154,7 +154,7 @@ func TestWebhooksInAPIServer(t *testing.T) {
 	}
 }
 
-// The chart's pod webhooks send exactly the pods pkg/webhook's match
+// The chart's pod webhooks send exactly the pods pkg/control/webhook's match
 // conditions name (the controller writes the same conditions when it
 // keeps its own configurations, as a host process).
 func TestWebhookMatchConditions(t *testing.T) {
@@ -168,7 +168,7 @@ func TestWebhookMatchConditions(t *testing.T) {
 		for _, c := range conds {
 			w, ok := want[c.Name]
 			if !ok {
-				t.Errorf("match condition %s is not one of pkg/webhook's", c.Name)
+				t.Errorf("match condition %s is not one of pkg/control/webhook's", c.Name)
 				continue
 			}
 			seen++

@@ -26,8 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-dev/tessera/pkg/driverfiles/fixture"
-	"github.com/tessera-dev/tessera/pkg/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/node/driverfiles/fixture"
 	"github.com/tessera-dev/tessera/test/helm"
 	"github.com/tessera-dev/tessera/test/imagebuild"
 )

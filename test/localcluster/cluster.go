@@ -104,7 +104,7 @@ type Dirs struct {
 	Bin              string
 	Images           string
 	MockDevices      string
-	// DriverRoot is the fixture driver root (pkg/driverfiles/fixture) the
+	// DriverRoot is the fixture driver root (pkg/node/driverfiles/fixture) the
 	// chart-installed plugin gives every claim's containers.
 	DriverRoot    string
 	KubeletConfig string

@@ -15,8 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	tesserav1 "github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/node/plugin"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	tesserav1 "github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/allocation"
-	"github.com/tessera-dev/tessera/pkg/decide/decidetest"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/control/allocation"
+	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/pkg/node/plugin"
 )
 
 // TestMIGSlices checks what the MIG workload republishes: an 8 x H100

@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tesserav1 "github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/controller"
+	"github.com/tessera-dev/tessera/pkg/control/controller"
 	"github.com/tessera-dev/tessera/test/localcluster"
 )
 

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tessera-dev/tessera/pkg/top"
+	"github.com/tessera-dev/tessera/pkg/kubectl/top"
 )
 
 // FormatMemory prints a byte quantity in the largest binary unit that

@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
 
-	"github.com/tessera-dev/tessera/pkg/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/nvmlmock"
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
 )
 
 // demo/topology (run by the e2e, not by the harness: its NIC needs a

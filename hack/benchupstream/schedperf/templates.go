@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/deployments"
-	"github.com/tessera-dev/tessera/pkg/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/whatif/mocknodes"
+	"github.com/tessera-dev/tessera/pkg/control/whatif/mocknodes"
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 )
 
 const (
@@ -44,7 +44,7 @@ const (
 
 // Config is the size and shape of one benchmark run.
 type Config struct {
-	// Profile is the mock GPU profile of every node (pkg/nvmlmock).
+	// Profile is the mock GPU profile of every node (pkg/gpu/nvmlmock).
 	Profile string
 	// Share is the GPU memory each Tessera claim asks for.
 	Share string

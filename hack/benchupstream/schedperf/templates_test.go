@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/deployments"
-	"github.com/tessera-dev/tessera/pkg/allocation"
-	"github.com/tessera-dev/tessera/pkg/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/whatif/mocknodes"
+	"github.com/tessera-dev/tessera/pkg/control/allocation"
+	"github.com/tessera-dev/tessera/pkg/control/whatif/mocknodes"
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 )
 
 // render executes a generated template the way scheduler_perf's createAny

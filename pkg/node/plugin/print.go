@@ -1,0 +1,73 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/gpu/discover"
+	"github.com/tessera-dev/tessera/pkg/node/nvmlsource"
+	"github.com/tessera-dev/tessera/pkg/node/publish"
+)
+
+// NodeSlices returns the ResourceSlices the plugin configured by o publishes
+// for node, without talking to a cluster: the plugin's own data path
+// (discover → model → publish) over its GPU backend. The scale harness uses
+// it to give simulated nodes exactly what a real plugin would publish.
+func NodeSlices(ctx context.Context, o *Options, node string) ([]*resourceapi.ResourceSlice, error) {
+	cfg, err := o.DeviceModelConfig()
+	if err != nil {
+		return nil, err
+	}
+	bo := o.Backend
+	bo.Seed = node
+	be, err := nvmlsource.Open(bo)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := be.Close(); err != nil {
+			klog.FromContext(ctx).Error(err, "Shutting down the GPU backend")
+		}
+	}()
+	inv, err := discover.Discover(ctx, be)
+	if err != nil {
+		return nil, err
+	}
+	slices, err := devicemodel.Build(inv, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return publish.ResourceSlices(node, slices), nil
+}
+
+// PrintSlices writes the ResourceSlices this node would publish to w as a
+// YAML stream, without talking to a cluster.
+func PrintSlices(ctx context.Context, o *Options, w io.Writer) error {
+	node := o.NodeName
+	if node == "" {
+		node = "node"
+	}
+	slices, err := NodeSlices(ctx, o, node)
+	if err != nil {
+		return err
+	}
+	for i, s := range slices {
+		data, err := yaml.Marshal(s)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			fmt.Fprintln(w, "---")
+		}
+		if _, err := w.Write(data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
