@@ -20,7 +20,7 @@ build:
 	$(GO) build -o $(BIN)/kubectl-tessera ./cmd/kubectl-tessera
 
 ## test: vet, golangci-lint, upstream binaries and helm (cached), unit tests with -race (a test that skips fails the run unless .ci/allowed-skips names it), bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
-test: vet lint verify-generated cluster-build helm-bin unit fuzz bench-smoke helm-lint e2e
+test: vet lint verify-generated cluster-build helm-bin promtool-bin unit fuzz bench-smoke helm-lint e2e
 
 ## generate: regenerate the deep-copy code and the CRDs from api/ (controller-gen), and the chart's copy of the CRDs
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0

@@ -13,7 +13,7 @@ HELM              ?= $(TESSERA_CACHE_DIR)/bin/helm-$(HELM_VERSION)/helm
 CHART             := deployments/helm/tessera
 CHART_VALUES      := $(wildcard deployments/helm/values/*.yaml)
 
-.PHONY: helm-bin helm-lint helm-test helm-update chart-crds
+.PHONY: helm-bin promtool-bin helm-lint helm-test helm-update chart-crds
 
 ## helm-bin: build the pinned helm (go install from the module proxy, cached)
 helm-bin: $(HELM)
@@ -24,6 +24,17 @@ $(HELM):
 	cd $(dir $(HELM)) && GOWORK=off GOFLAGS=-buildvcs=false CGO_ENABLED=0 GOBIN=$(abspath $(dir $(HELM))) \
 	  $(GO) install -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)" \
 	  helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+
+## promtool-bin: build the pinned promtool (the chart's alert rules' tests, test/alerts) from the module proxy, without Prometheus' service discovery plugins (-tags remove_all_sd: promtool test rules needs none), cached
+PROMTOOL_VERSION := v0.316.0
+PROMTOOL         ?= $(TESSERA_CACHE_DIR)/bin/promtool-$(PROMTOOL_VERSION)/promtool
+promtool-bin: $(PROMTOOL)
+
+$(PROMTOOL):
+	@echo "building promtool $(PROMTOOL_VERSION) into $(dir $(PROMTOOL)) (once; a few minutes on a cold cache)"
+	@mkdir -p $(dir $(PROMTOOL))
+	cd $(dir $(PROMTOOL)) && GOWORK=off GOFLAGS=-buildvcs=false CGO_ENABLED=0 GOBIN=$(abspath $(dir $(PROMTOOL))) \
+	  $(GO) install -trimpath -tags remove_all_sd -ldflags "-s -w" github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
 
 ## helm-lint: lint the chart with its defaults and each values file
 helm-lint: helm-bin

@@ -11,7 +11,7 @@ import (
 )
 
 const (
-	mixedTrace   = "bench/mixed-1000.csv"
+	mixedTrace   = "hack/sim/traces/mixed-1000.csv"
 	mixedCluster = "12xdgxh100;12xdgxa100;40xt4:4"
 	// mixedQueues hold training and notebooks back: the queue run shows
 	// the controller's limits on the same trace.
@@ -45,7 +45,7 @@ func packing(ctx context.Context, r *report) error {
 		return err
 	}
 	showdown := packingRun{title: "Scheduler showdown: 2000Mi x 2, 8000Mi, 3000Mi on one 16 GB T4", trace: "showdown", nodes: "1xt4", jobs: sim.Showdown(),
-		about: "The seeds' example (also `bench/showdown.csv` and `demo/showdown`). Whole GPUs start one pod and leave three pending."}
+		about: "The seeds' example (also `hack/sim/traces/showdown.csv` and `demo/showdown`). Whole GPUs start one pod and leave three pending."}
 	runs := []packingRun{showdown,
 		{title: "Mixed trace: 1,000 jobs on 12 x DGX H100, 12 x DGX A100, 40 x 4-T4 nodes (352 GPUs)", trace: mixedTrace, nodes: mixedCluster, jobs: mixed},
 		{title: "Inference-heavy: the inference jobs of the mixed trace, same cluster", trace: mixedTrace, nodes: mixedCluster, kind: "inference", jobs: sim.Filter(mixed, "inference")},

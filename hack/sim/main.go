@@ -4,7 +4,7 @@
 //
 //	go run ./hack/sim --trace showdown --nodes 1xt4
 //	go run ./hack/sim --trace mixed --jobs 1000 --nodes '12xdgxh100;12xdgxa100;40xt4:4'
-//	go run ./hack/sim --trace bench/mixed-1000.csv --nodes ... --queues 'training=1Ti:2Ti;inference=:'
+//	go run ./hack/sim --trace hack/sim/traces/mixed-1000.csv --nodes ... --queues 'training=1Ti:2Ti;inference=:'
 //	go run ./hack/sim --snapshot state.yaml   # a saved `kubectl tessera snapshot`
 package main
 

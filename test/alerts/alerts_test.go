@@ -5,7 +5,8 @@
 //
 // promtool is built from the Go module proxy into the repository's cache
 // (${TESSERA_CACHE_DIR:-~/.cache/tessera}/bin/promtool-<version>/promtool)
-// the first time, like helm; $PROMTOOL names another binary. Building it
+// by `make promtool-bin` (make test runs it before the tests), or by the
+// test the first time, like helm; $PROMTOOL names another binary. Building it
 // as a tool keeps Prometheus out of the product's go.mod.
 package alerts
 
@@ -25,6 +26,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/control/controller"
 	"github.com/tessera-dev/tessera/pkg/node/plugin"
 	"github.com/tessera-dev/tessera/test/helm"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // PromtoolVersion is the Prometheus module version promtool is built from
@@ -55,7 +57,10 @@ func promtool(t *testing.T) string {
 	if g := os.Getenv("GO"); g != "" {
 		gobin = g
 	}
-	cmd := exec.CommandContext(ctx, gobin, "install", "-trimpath", "-ldflags", "-s -w",
+	// As `make promtool-bin` builds it: without Prometheus' service
+	// discovery plugins, which `promtool test rules` never uses and which
+	// are most of its build (cloud SDKs).
+	cmd := exec.CommandContext(ctx, gobin, "install", "-trimpath", "-tags", "remove_all_sd", "-ldflags", "-s -w",
 		"github.com/prometheus/prometheus/cmd/promtool@"+PromtoolVersion)
 	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false", "GOWORK=off")
 	cmd.Dir = tmp // outside any module: promtool's own go.mod decides
@@ -71,7 +76,7 @@ func promtool(t *testing.T) string {
 // render returns the chart's PrometheusRule spec (its groups) as YAML.
 func render(t *testing.T, set ...string) (string, bool) {
 	t.Helper()
-	root, err := helm.RepoRoot()
+	root, err := testutil.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,4 +175,15 @@ func TestRulesPromtool(t *testing.T) {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// make promtool-bin builds the version this test uses.
+func TestPromtoolVersionMatchesMakefile(t *testing.T) {
+	mk, err := os.ReadFile(testutil.Path(t, "deployments", "helm", "helm.mk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^PROMTOOL_VERSION\s*:=\s*` + regexp.QuoteMeta(PromtoolVersion) + `\s*$`).Match(mk) {
+		t.Errorf("deployments/helm/helm.mk PROMTOOL_VERSION is not %s", PromtoolVersion)
+	}
 }

@@ -3,13 +3,13 @@ package helm
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tessera-dev/tessera/test/apiserver"
 
+	"github.com/tessera-dev/tessera/test/testutil"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -47,16 +47,6 @@ func (s *apiServer) installChart(t *testing.T, extra ...string) []string {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
 	return install
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // chartAPIServer starts etcd and kube-apiserver for a test that installs
@@ -170,7 +160,7 @@ func TestInstallIntoAPIServer(t *testing.T) {
 	// The local cluster's values: the webhooks are called on 127.0.0.1 (a
 	// free port nothing listens on), so this API server dials nothing but
 	// loopback; the queue webhook's Ignore lets the default Queue in.
-	webhookPort := freePort(t)
+	webhookPort := testutil.FreePort(t)
 	install := s.installChart(t,
 		"--set", fmt.Sprintf("webhook.port=%d", webhookPort),
 		"--set-string", fmt.Sprintf("webhook.url=https://127.0.0.1:%d", webhookPort),

@@ -31,6 +31,7 @@ import (
 
 	tesserav1alpha1 "github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/deployments"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden renders in testdata/ instead of comparing")
@@ -59,19 +60,10 @@ func helmBinary(t *testing.T) string {
 	return helmPath
 }
 
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
 func runHelm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(helmBinary(t), args...)
-	cmd.Dir = repoRoot(t)
+	cmd.Dir = testutil.Root(t)
 	// No kubeconfig, no repositories, no cache outside a temp dir: the
 	// render must not depend on the machine.
 	tmp := t.TempDir()
@@ -292,7 +284,7 @@ func TestGolden(t *testing.T) {
 // rewrites that file under -update.
 func checkGolden(t *testing.T, name, out string) {
 	t.Helper()
-	golden := filepath.Join(repoRoot(t), "test/helm/testdata", name+".golden.yaml")
+	golden := filepath.Join(testutil.Root(t), "test/helm/testdata", name+".golden.yaml")
 	if *update {
 		if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
 			t.Fatal(err)
@@ -858,7 +850,7 @@ func TestDefaultQueue(t *testing.T) {
 
 // TestCRDsInSync checks the chart carries the generated CRDs unchanged.
 func TestCRDsInSync(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.Root(t)
 	src, _ := filepath.Glob(filepath.Join(root, "deployments/crds/*.yaml"))
 	dst, _ := filepath.Glob(filepath.Join(root, ChartPath, "crds/*.yaml"))
 	if len(src) == 0 {
@@ -965,7 +957,7 @@ var flagRE = regexp.MustCompile(`(?m)^\s+(?:-[a-zA-Z], )?--([a-z0-9][a-z0-9_-]*)
 // helpFlags builds a command and returns the flags its --help lists.
 func helpFlags(t *testing.T, pkg string) map[string]bool {
 	t.Helper()
-	root := repoRoot(t)
+	root := testutil.Root(t)
 	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
 	build := exec.Command(goBinary(), "build", "-o", bin, pkg)
 	build.Dir = root
@@ -1017,7 +1009,7 @@ func TestFlagsExist(t *testing.T) {
 	}
 	for _, cmd := range []string{"kubelet-plugin", "controller"} {
 		t.Run(cmd, func(t *testing.T) {
-			root := repoRoot(t)
+			root := testutil.Root(t)
 			srcs, _ := filepath.Glob(filepath.Join(root, "cmd", cmd, "*.go"))
 			if len(srcs) == 0 {
 				t.Skipf("cmd/%s has no sources yet; the chart passes %v", cmd, keys(used[cmd]))
@@ -1056,7 +1048,7 @@ func keys[V any](m map[string]V) []string {
 // TestVersionsAgree checks the helm version and the local-cluster image name
 // are the same everywhere they are written down.
 func TestVersionsAgree(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.Root(t)
 	mk, err := os.ReadFile(filepath.Join(root, "deployments/helm/helm.mk"))
 	if err != nil {
 		t.Fatal(err)

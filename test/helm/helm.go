@@ -9,12 +9,10 @@ package helm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 
 	"github.com/tessera-dev/tessera/test/cachedir"
 )
@@ -121,26 +119,6 @@ func goBinary() string {
 		}
 	}
 	return "go"
-}
-
-// RepoRoot finds the repository root (the directory of go.mod for module
-// github.com/tessera-dev/tessera) from the working directory upwards.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && strings.HasPrefix(string(data), "module github.com/tessera-dev/tessera\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("repository root (go.mod of github.com/tessera-dev/tessera) not found above the working directory")
-		}
-		dir = parent
-	}
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/node/enforce"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // TestAdmissionPolicies installs the chart without its webhooks (so only
@@ -290,7 +291,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	if out, err := runHelm(t, off...); err != nil {
 		t.Fatalf("helm upgrade with admissionPolicies.nvidiaVisibleDevices.enabled=false: %v\n%s", err, out)
 	}
-	eventually(t, "NVIDIA_VISIBLE_DEVICES=all allowed once the policy is off", func() error {
+	testutil.Eventually(t, 60*time.Second, "NVIDIA_VISIBLE_DEVICES=all allowed once the policy is off", func() error {
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, nvidiaPod("off", corev1.EnvVar{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	})
@@ -303,7 +304,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	}
 	noProfile := sandboxPod("no-profile")
 	noProfile.Spec.SecurityContext = nil
-	eventually(t, "a claim pod without a seccomp profile allowed once the nodes default to RuntimeDefault", func() error {
+	testutil.Eventually(t, 60*time.Second, "a claim pod without a seccomp profile allowed once the nodes default to RuntimeDefault", func() error {
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, noProfile.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	})
@@ -311,19 +312,6 @@ func TestAdmissionPolicies(t *testing.T) {
 	unconfined.Spec.SecurityContext.SeccompProfile.Type = corev1.SeccompProfileTypeUnconfined
 	_, err = tenant.CoreV1().Pods("team-a").Create(ctx, unconfined, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	refused("a claim pod with seccomp Unconfined, nodes defaulting to RuntimeDefault", err, "runs with seccomp Unconfined")
-}
-
-// eventually retries f until it returns nil (the API server loads and
-// unloads policies within a few seconds).
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	var err error
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-		if err = f(); err == nil {
-			return
-		}
-	}
-	t.Errorf("%s: still %v after 60s", what, err)
 }
 
 // testTesseraKeys: policy <release>-pod-tessera-keys. Nobody but the
@@ -341,7 +329,7 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 	}
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	// The policy is new in this install: wait until it is loaded.
-	eventually(t, "policy pod-tessera-keys loaded", func() error {
+	testutil.Eventually(t, 60*time.Second, "policy pod-tessera-keys loaded", func() error {
 		_, err := pods.Create(ctx, meta("probe", nil, map[string]string{"tessera.dev/admission-decision": "x/1"}), dry)
 		if err != nil && strings.Contains(err.Error(), "only Tessera's controller writes tessera.dev/ annotations") {
 			return nil
@@ -458,7 +446,7 @@ func testTesseraKeys(t *testing.T, ctx context.Context, s *apiServer, admin, ten
 	got.Status.Phase = corev1.PodRunning
 	got.Status.Conditions = append(got.Status.Conditions, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue})
 	// (RBAC picks up the new binding within moments.)
-	eventually(t, "kubelet-like pods/status update of a pod with the controller's annotations", func() error {
+	testutil.Eventually(t, 60*time.Second, "kubelet-like pods/status update of a pod with the controller's annotations", func() error {
 		_, err := kubelet.CoreV1().Pods("team-a").UpdateStatus(ctx, got.DeepCopy(), metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	})
@@ -483,7 +471,7 @@ func testNvidiaVisibleDevices(t *testing.T, ctx context.Context, admin, tenant k
 	t.Helper()
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	const why = "sets NVIDIA_VISIBLE_DEVICES: on a node whose NVIDIA container runtime runs in legacy mode"
-	eventually(t, "policy nvidia-visible-devices loaded", func() error {
+	testutil.Eventually(t, 60*time.Second, "policy nvidia-visible-devices loaded", func() error {
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, nvidiaPod("probe", corev1.EnvVar{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}), dry)
 		if err != nil && strings.Contains(err.Error(), why) {
 			return nil

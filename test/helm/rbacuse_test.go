@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tessera-dev/tessera/test/testutil"
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
@@ -170,12 +171,12 @@ var (
 func typedCalls(t *testing.T, binary string) []typedCall {
 	t.Helper()
 	cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.Dir}}{{range .GoFiles}} {{.}}{{end}}{{end}}", binary)
-	cmd.Dir = repoRoot(t)
+	cmd.Dir = testutil.Root(t)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("go list %s: %v", binary, err)
 	}
-	root := repoRoot(t)
+	root := testutil.Root(t)
 	var calls []typedCall
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)

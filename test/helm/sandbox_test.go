@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tessera-dev/tessera/test/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -42,7 +44,7 @@ func testSandbox(t *testing.T, ctx context.Context, admin, tenant, tenantM kuber
 	t.Helper()
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	const where = "may hold Tessera's GPUs or runs in a namespace Tessera manages"
-	eventually(t, "policy sandbox loaded", func() error {
+	testutil.Eventually(t, 60*time.Second, "policy sandbox loaded", func() error {
 		p := sandboxPod("probe")
 		p.Spec.HostNetwork = true
 		_, err := tenant.CoreV1().Pods("team-a").Create(ctx, p, dry)
@@ -175,7 +177,7 @@ func testSandbox(t *testing.T, ctx context.Context, admin, tenant, tenantM kuber
 		p.Spec.HostNetwork = true
 		hostPath("/var/run/cdi")(p)
 		p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
-		eventually(t, "a privileged hostPath claim pod in namespace "+ns+" (left out)", func() error {
+		testutil.Eventually(t, 60*time.Second, "a privileged hostPath claim pod in namespace "+ns+" (left out)", func() error {
 			_, err := admin.CoreV1().Pods(ns).Create(ctx, p.DeepCopy(), dry)
 			return err
 		})
@@ -198,7 +200,7 @@ func testControllerDeletes(t *testing.T, ctx context.Context, admin, ctl kuberne
 	}
 	mk("victim", map[string]string{"tessera.dev/queue": "default"})
 	mk("bystander", nil)
-	eventually(t, "policy pod-deletes loaded", func() error {
+	testutil.Eventually(t, 60*time.Second, "policy pod-deletes loaded", func() error {
 		err := ctl.CoreV1().Pods("team-a").Delete(ctx, "victim", dry)
 		if err != nil && strings.Contains(err.Error(), want) {
 			return nil

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/webhook"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // TestWebhooksInAPIServer installs the chart into a real kube-apiserver and
@@ -29,7 +30,7 @@ import (
 // and the Queue webhook on DELETE, as the API server calls them.
 func TestWebhooksInAPIServer(t *testing.T) {
 	s, ctx, _ := chartAPIServer(t)
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	s.installChart(t,
 		"--set", fmt.Sprintf("webhook.port=%d", port),
 		"--set-string", fmt.Sprintf("webhook.url=https://127.0.0.1:%d", port))

@@ -25,19 +25,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		t.Fatalf("repository root not at %s: %v", dir, err)
-	}
-	return dir
-}
 
 // untar extracts an archive into a new temp dir.
 func untar(t *testing.T, archive string) string {
@@ -139,7 +128,7 @@ func TestBuildReadBack(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the commands")
 	}
-	root := repoRoot(t)
+	root := testutil.Root(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	out := filepath.Join(t.TempDir(), "image.tar")
@@ -355,7 +344,7 @@ func TestVerify(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds binaries and fetches the pinned Debian packages")
 	}
-	m, err := LoadManifest(repoRoot(t))
+	m, err := LoadManifest(testutil.Root(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +411,7 @@ func interpOf(t *testing.T, bin []byte) string {
 // TestParseManifest: the committed manifest parses; bad input names the
 // field.
 func TestParseManifest(t *testing.T) {
-	good, err := os.ReadFile(filepath.Join(repoRoot(t), ManifestPath))
+	good, err := os.ReadFile(filepath.Join(testutil.Root(t), ManifestPath))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +452,7 @@ func TestParseManifest(t *testing.T) {
 // its file system with this package (hack/image -rootfs) and copies it onto
 // an empty image, on the Debian release the manifest pins.
 func TestDockerfileUsesTheManifest(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.Root(t)
 	m, err := LoadManifest(root)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@
 package localcluster
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -21,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tessera-dev/tessera/test/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -194,7 +194,7 @@ func New(opts Options) (*Cluster, error) {
 	if opts.RepoRoot == "" {
 		// Only bring-up needs the repository (to build Tessera's commands);
 		// Down and Status work from anywhere.
-		opts.RepoRoot, _ = findRepoRoot()
+		opts.RepoRoot, _ = testutil.RepoRoot()
 	}
 	r := opts.WorkDir
 	c := &Cluster{
@@ -226,25 +226,6 @@ func New(opts Options) (*Cluster, error) {
 		exited:     map[string]chan struct{}{},
 	}
 	return c, nil
-}
-
-// findRepoRoot walks up from the working directory to Tessera's go.mod.
-func findRepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(b, []byte("module github.com/tessera-dev/tessera\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no Tessera go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // Up tears down whatever a previous run left, builds what is missing, and

@@ -16,25 +16,14 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/test/localcluster"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("no go.mod at %s", root)
-	}
-	return root
-}
 
 // Every scenario's YAML decodes into API objects, its pods use only the
 // local image without pulling (the network rule), print what they see and
 // consume a claim.
 func TestScenarioYAML(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.Root(t)
 	sch := runtime.NewScheme()
 	if err := scheme.AddToScheme(sch); err != nil {
 		t.Fatal(err)

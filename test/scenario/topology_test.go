@@ -13,6 +13,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // demo/topology (run by the e2e, not by the harness: its NIC needs a
@@ -20,7 +21,7 @@ import (
 // shares gpu-2's and gpu-3's PCIe root, nic-1 shares no GPU's. A change of
 // the mock's topology must change the demo too.
 func TestTopologyDemoMatchesTheMock(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(repoRoot(t), "demo", "topology", "10-nic.yaml"))
+	data, err := os.ReadFile(filepath.Join(testutil.Root(t), "demo", "topology", "10-nic.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

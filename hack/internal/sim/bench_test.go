@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	admissionpkg "github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // BenchmarkMixedTrace replays 100 jobs of the mixed trace on a small
@@ -27,7 +28,7 @@ func BenchmarkMixedTrace(b *testing.B) {
 // one engine (the next cycle, slices and classes unchanged), which must
 // admit the same pods.
 func BenchmarkAdmissionCycleMIG(b *testing.B) {
-	jobs, err := ReadCSV("../../bench/mixed-1000.csv")
+	jobs, err := ReadCSV(testutil.Path(b, "hack", "sim", "traces", "mixed-1000.csv"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/control/history"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // TestHistoryAcrossRestartAndLeaderChange, against a real kube-apiserver:
@@ -64,7 +65,7 @@ func TestHistoryAcrossRestartAndLeaderChange(t *testing.T) {
 		return seen{u, u.LastUpdated.Add(-time.Duration(total / 12 * float64(time.Hour)))}, nil
 	}
 	var first seen
-	eventually(t, "the history integrates the 12Gi share", func() (err error) {
+	testutil.Eventually(t, 30*time.Second, "the history integrates the 12Gi share", func() (err error) {
 		first, err = read()
 		return err
 	})
@@ -74,7 +75,7 @@ func TestHistoryAcrossRestartAndLeaderChange(t *testing.T) {
 	goesOn := func(what string) {
 		t.Helper()
 		var now seen
-		eventually(t, what, func() (err error) {
+		testutil.Eventually(t, 30*time.Second, what, func() (err error) {
 			if now, err = read(); err != nil {
 				return err
 			}
@@ -102,7 +103,7 @@ func TestHistoryAcrossRestartAndLeaderChange(t *testing.T) {
 	e.startController()
 	goesOn("after a restart")
 
-	second := e.startReplica(freePort(t))
+	second := e.startReplica(testutil.FreePort(t))
 	e.stopController() // releases the lease; the second replica leads
 	e.cur = second
 	goesOn("after a leader change")

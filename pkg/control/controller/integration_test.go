@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,30 +32,8 @@ import (
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/control/webhook"
 	"github.com/tessera-dev/tessera/test/apiserver"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: %v", what, err)
-}
 
 type env struct {
 	t    *testing.T
@@ -76,7 +52,7 @@ type replica struct {
 }
 
 func startEnv(t *testing.T) *env {
-	s, err := apiserver.Start(t, apiserver.Options{CRDDirs: []string{filepath.Join("..", "..", "deployments", "crds")}})
+	s, err := apiserver.Start(t, apiserver.Options{CRDDirs: []string{testutil.Path(t, "deployments", "crds")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +76,7 @@ func startEnv(t *testing.T) *env {
 		MetricsBindAddress:      "0",
 		HealthProbeBindAddress:  "0",
 		WebhookHost:             "127.0.0.1",
-		WebhookPort:             freePort(t),
+		WebhookPort:             testutil.FreePort(t),
 		WebhookConfig:           controller.WebhookURL,
 		WebhookCertSecret:       "tessera-controller-webhook-tls",
 		Reclaim:                 true,
@@ -120,7 +96,7 @@ func (e *env) startController() {
 	e.t.Helper()
 	e.cur = e.startReplica(e.opts.WebhookPort)
 	// The webhook answers once the configurations point at it.
-	eventually(e.t, "webhook serving", func() error {
+	testutil.Eventually(e.t, 30*time.Second, "webhook serving", func() error {
 		q := decidetest.Queue("probe-"+fmt.Sprint(time.Now().UnixNano()), "no-such-parent", "", "")
 		err := e.c.Create(e.ctx, q, client.DryRunAll)
 		if err == nil || !strings.Contains(err.Error(), "does not exist") {
@@ -232,7 +208,7 @@ func condition(p *corev1.Pod) *corev1.PodCondition {
 func (e *env) waitAdmitted(names ...string) {
 	e.t.Helper()
 	for _, n := range names {
-		eventually(e.t, "pod "+n+" admitted", func() error {
+		testutil.Eventually(e.t, 30*time.Second, "pod "+n+" admitted", func() error {
 			p := e.pod(n)
 			if gated(p) {
 				c := condition(p)
@@ -251,7 +227,7 @@ func (e *env) waitAdmitted(names ...string) {
 
 func (e *env) waitWaiting(name, reason, message string) {
 	e.t.Helper()
-	eventually(e.t, "pod "+name+" explains why it waits", func() error {
+	testutil.Eventually(e.t, 30*time.Second, "pod "+name+" explains why it waits", func() error {
 		p := e.pod(name)
 		c := condition(p)
 		if !gated(p) {
@@ -262,7 +238,7 @@ func (e *env) waitWaiting(name, reason, message string) {
 		}
 		return nil
 	})
-	eventually(e.t, "event on pod "+name, func() error {
+	testutil.Eventually(e.t, 30*time.Second, "event on pod "+name, func() error {
 		var evs eventsv1.EventList
 		if err := e.c.List(e.ctx, &evs, client.InNamespace("default")); err != nil {
 			return err
@@ -415,7 +391,7 @@ func TestController(t *testing.T) {
 			t.Error("labelled pod was not gated at creation")
 		}
 		e.waitAdmitted("a1")
-		eventually(t, "team-a status", func() error {
+		testutil.Eventually(t, 30*time.Second, "team-a status", func() error {
 			st := e.queueStatus("team-a")
 			if qty(st.Allocated, v1alpha1.ResourceGPUMemory) != "12Gi" || st.AdmittedWorkloads != 1 {
 				return fmt.Errorf("status %+v", st)
@@ -426,7 +402,7 @@ func TestController(t *testing.T) {
 		// The kubelet plugin reports what the claim's processes use: the
 		// queue and its parent show it next to the allocation.
 		e.reportUsage("a12", 3<<30)
-		eventually(t, "team-a and org show 3Gi in use", func() error {
+		testutil.Eventually(t, 30*time.Second, "team-a and org show 3Gi in use", func() error {
 			for _, q := range []string{"team-a", "org"} {
 				if st := e.queueStatus(q); qty(st.Used, v1alpha1.ResourceGPUMemory) != "3Gi" {
 					return fmt.Errorf("queue %s: used %v, allocated %v", q, st.Used, st.Allocated)
@@ -439,7 +415,7 @@ func TestController(t *testing.T) {
 		}
 		e.create(asNew(claimPod("a2", "team-a", "a8")))
 		e.waitWaiting("a2", "QueueLimit", "queue team-a: needs 8Gi gpu memory; quota 16Gi, in use 12Gi, limit 16Gi")
-		eventually(t, "team-a pending", func() error {
+		testutil.Eventually(t, 30*time.Second, "team-a pending", func() error {
 			st := e.queueStatus("team-a")
 			if qty(st.Pending, v1alpha1.ResourceGPUMemory) != "8Gi" || st.PendingWorkloads != 1 {
 				return fmt.Errorf("status %+v", st)
@@ -521,7 +497,7 @@ func TestController(t *testing.T) {
 			t.Error("labelled pod created while the webhook is down: the gate would be missing")
 		}
 		e.startController()
-		eventually(t, "status after restart", func() error {
+		testutil.Eventually(t, 30*time.Second, "status after restart", func() error {
 			st := e.queueStatus("team-b")
 			if st.AdmittedWorkloads != before.AdmittedWorkloads || qty(st.Allocated, v1alpha1.ResourceGPUs) != qty(before.Allocated, v1alpha1.ResourceGPUs) {
 				return fmt.Errorf("team-b %+v, before restart %+v", st, before)
@@ -540,7 +516,7 @@ func TestController(t *testing.T) {
 		e.create(decidetest.Queue("team-c", "", "400Gi", ""))
 		e.create(claim("c4", decidetest.Request{Count: 4}))
 		e.create(asNew(claimPod("c1", "team-c", "c4")))
-		eventually(t, "gang evicted", func() error {
+		testutil.Eventually(t, 30*time.Second, "gang evicted", func() error {
 			var pods corev1.PodList
 			if err := e.c.List(e.ctx, &pods, client.InNamespace("default"), client.MatchingLabels{v1alpha1.GangLabel: "train-1"}); err != nil {
 				return err
@@ -586,13 +562,13 @@ func TestController(t *testing.T) {
 		if first == "" {
 			t.Fatal("no lease holder")
 		}
-		second := e.startReplica(freePort(t))
+		second := e.startReplica(testutil.FreePort(t))
 		time.Sleep(2 * time.Second)
 		if h := holder(); h != first {
 			t.Fatalf("lease moved to %s while %s runs", h, first)
 		}
 		e.stopController() // releases the lease on the way out
-		eventually(t, "second replica leads", func() error {
+		testutil.Eventually(t, 30*time.Second, "second replica leads", func() error {
 			if h := holder(); h == first || h == "" {
 				return fmt.Errorf("holder %q", h)
 			}
@@ -600,7 +576,7 @@ func TestController(t *testing.T) {
 		})
 		// The new leader admits (its own webhook now gates pods).
 		e.create(claim("late", decidetest.Request{Memory: "1Gi"}))
-		eventually(t, "webhook of the second replica", func() error {
+		testutil.Eventually(t, 30*time.Second, "webhook of the second replica", func() error {
 			err := e.c.Create(e.ctx, asNew(claimPod("late", "team-b", "late")))
 			if apierrors.IsAlreadyExists(err) {
 				return nil
@@ -666,7 +642,7 @@ func (e *env) table(name string) *metav1.Table {
 // configurations' caBundle, and nothing else.
 func TestControllerChartMode(t *testing.T) {
 	e := startEnv(t)
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	base := fmt.Sprintf("https://127.0.0.1:%d", port)
 	fail := admissionregistrationv1.Fail
 	none := admissionregistrationv1.SideEffectClassNone

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // run plays kube-scheduler and the kubelet for an admitted pod: its claim
@@ -141,7 +142,7 @@ func (e *env) waitCondition(name, reason, message string, timeout time.Duration)
 
 func (e *env) waitEvent(name, reason, message string) {
 	e.t.Helper()
-	eventually(e.t, fmt.Sprintf("event %s on %s", reason, name), func() error {
+	testutil.Eventually(e.t, 30*time.Second, fmt.Sprintf("event %s on %s", reason, name), func() error {
 		var evs eventsv1.EventList
 		if err := e.c.List(e.ctx, &evs, client.InNamespace("default")); err != nil {
 			return err

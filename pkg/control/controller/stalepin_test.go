@@ -13,6 +13,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/control/controller"
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // TestStalePinReplaced, against a real kube-apiserver: every admitted pod
@@ -43,7 +44,7 @@ func TestStalePinReplaced(t *testing.T) {
 	}
 	gone := func(name string) {
 		t.Helper()
-		eventually(t, name+" deleted for its stale pin", func() error {
+		testutil.Eventually(t, 30*time.Second, name+" deleted for its stale pin", func() error {
 			var p corev1.Pod
 			err := e.c.Get(e.ctx, client.ObjectKey{Namespace: "default", Name: name}, &p)
 			if apierrors.IsNotFound(err) {
@@ -51,7 +52,7 @@ func TestStalePinReplaced(t *testing.T) {
 			}
 			return fmt.Errorf("still there: %v %+v", err, p.Status.Conditions)
 		})
-		eventually(t, name+" StalePin event", func() error {
+		testutil.Eventually(t, 30*time.Second, name+" StalePin event", func() error {
 			var evs eventsv1.EventList
 			if err := e.c.List(e.ctx, &evs, client.InNamespace("default")); err != nil {
 				return err

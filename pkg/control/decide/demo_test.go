@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	. "github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // TestDemoQueues replays demo/queues step by step on a simulated node like
@@ -27,7 +28,7 @@ import (
 // pods run, which wait and why, what is evicted. The demo on a real
 // cluster (hack/demo, test/e2e) applies the same files.
 func TestDemoQueues(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("..", "..", "demo", "queues", "*.yaml"))
+	files, err := filepath.Glob(filepath.Join(testutil.Root(t), "demo", "queues", "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("demo/queues: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	. "github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // TestDemoGangJob replays demo/gang-job on a simulated node of two mock
@@ -20,7 +21,7 @@ import (
 // controller does: the 4 x 8Gi gang waits whole (2 of 4 fit), the 4 x 6Gi
 // gang behind it in the same queue starts whole.
 func TestDemoGangJob(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("..", "..", "demo", "gang-job", "*.yaml"))
+	files, err := filepath.Glob(filepath.Join(testutil.Root(t), "demo", "gang-job", "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("demo/gang-job: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/tessera-dev/tessera/test/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -103,7 +104,7 @@ func report(b *testing.B, what string, d []time.Duration) {
 func startBenchHarness(b *testing.B, ctx context.Context, opts *Options) *harness {
 	h := startHarnessWith(b, ctx, opts, newLightFakeClient(nodeObject()))
 	// Let the first ResourceSlice publish settle.
-	eventually(b, 10*time.Second, "slices", func() bool {
+	testutil.EventuallyTrue(b, 10*time.Second, "slices", func() bool {
 		l, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
 		return err == nil && len(l.Items) > 0
 	})

@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-dev/tessera/pkg/node/coexist"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // TestCoexistenceWithTheDevicePlugin: on a node whose allocatable has
@@ -25,7 +26,7 @@ func TestCoexistenceWithTheDevicePlugin(t *testing.T) {
 			node := nodeObject()
 			node.Status.Allocatable = corev1.ResourceList{coexist.DevicePluginResource: resource.MustParse("2")}
 			h := startHarnessWith(t, ctx, opts, newFakeClient(node))
-			eventually(t, 10*time.Second, "published slices", func() bool { return len(h.publishedSlices()) > 0 })
+			testutil.EventuallyTrue(t, 10*time.Second, "published slices", func() bool { return len(h.publishedSlices()) > 0 })
 			devices := h.publishedDevices()
 			if allow && len(devices) != 2 {
 				t.Fatalf("published %v, want both GPUs with --allow-shared-gpus", devices)

@@ -18,6 +18,7 @@ import (
 	"github.com/tessera-dev/tessera/deployments"
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // makeMIGByHand creates a MIG device (GPU and compute instance) in the mock
@@ -123,7 +124,7 @@ func TestForeignMIGInstanceStrandsNoPod(t *testing.T) {
 		opts := nodeOptions(dir, "a100-40gb", true, nil)
 		makeMIGByHand(t, opts, nvml.GPU_INSTANCE_PROFILE_1_SLICE, 0, 1)
 		h := startHarness(t, ctx, opts)
-		eventually(t, 10*time.Second, "published slices", func() bool { return len(h.publishedDevices()) > 0 })
+		testutil.EventuallyTrue(t, 10*time.Second, "published slices", func() bool { return len(h.publishedDevices()) > 0 })
 		devices := h.publishedDevices()
 		for _, b := range blocked {
 			if slices.Contains(devices, b) {
@@ -173,7 +174,7 @@ func TestForeignMIGInstanceStrandsNoPod(t *testing.T) {
 		if n := mockMIGInstances(t, opts.PluginDataDir); n != 0 {
 			t.Fatalf("%d GPU instances left after start, want the hand-made one destroyed", n)
 		}
-		eventually(t, 10*time.Second, "published slices", func() bool { return len(h.publishedDevices()) > 0 })
+		testutil.EventuallyTrue(t, 10*time.Second, "published slices", func() bool { return len(h.publishedDevices()) > 0 })
 		devices := h.publishedDevices()
 		for _, b := range blocked {
 			if !slices.Contains(devices, b) {

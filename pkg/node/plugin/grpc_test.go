@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/node/cdispec"
 	"github.com/tessera-dev/tessera/pkg/node/health"
 	"github.com/tessera-dev/tessera/pkg/node/prepare"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // TestKubeletGRPC speaks the kubelet's DRA gRPC API to the plugin's Unix
@@ -87,7 +88,7 @@ func TestKubeletGRPC(t *testing.T) {
 	}
 
 	// status.devices is written in the background.
-	eventually(t, 10*time.Second, "status.devices", func() bool {
+	testutil.EventuallyTrue(t, 10*time.Second, "status.devices", func() bool {
 		for _, c := range claims {
 			got, err := h.client.ResourceV1().ResourceClaims(c.Namespace).Get(context.Background(), c.Name, metav1.GetOptions{})
 			if err != nil || len(got.Status.Devices) != 1 {
@@ -129,7 +130,7 @@ func TestKubeletGRPC(t *testing.T) {
 	if n := mockMIGInstances(t, opts.PluginDataDir); n != 0 {
 		t.Errorf("%d MIG instances left", n)
 	}
-	eventually(t, 10*time.Second, "status.devices cleared", func() bool {
+	testutil.EventuallyTrue(t, 10*time.Second, "status.devices cleared", func() bool {
 		for _, c := range claims {
 			got, err := h.client.ResourceV1().ResourceClaims(c.Namespace).Get(context.Background(), c.Name, metav1.GetOptions{})
 			if err != nil || len(got.Status.Devices) != 0 {
@@ -231,7 +232,7 @@ func TestHealthOverGRPCAndTaints(t *testing.T) {
 		}
 		return lost, any
 	}
-	eventually(t, 10*time.Second, "tainted slices", func() bool {
+	testutil.EventuallyTrue(t, 10*time.Second, "tainted slices", func() bool {
 		lost, any := tainted()
 		if lost != 3 || any != 3 {
 			t.Logf("%d devices tainted gpu-lost, %d taints", lost, any)
@@ -242,7 +243,7 @@ func TestHealthOverGRPCAndTaints(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(opts.PluginDataDir, nvmlmock.InjectFileName), []byte("1 recover\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "untainted slices", func() bool {
+	testutil.EventuallyTrue(t, 20*time.Second, "untainted slices", func() bool {
 		_, any := tainted()
 		return any == 0
 	})

@@ -228,17 +228,6 @@ func withGpuConfig(c *resourceapi.ResourceClaim, requests []string, params strin
 	return c
 }
 
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func dirEntries(dir string) []string {
 	entries, _ := os.ReadDir(dir)
 	var out []string

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/test/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -40,7 +41,7 @@ func TestHealthcheck(t *testing.T) {
 				return resp.GetStatus(), err
 			}
 			for _, service := range []string{HealthLiveness, HealthReadiness, HealthStartup, ""} {
-				eventually(t, 10*time.Second, service+" serving", func() bool {
+				testutil.EventuallyTrue(t, 10*time.Second, service+" serving", func() bool {
 					s, err := check(service)
 					return err == nil && s == healthpb.HealthCheckResponse_SERVING
 				})

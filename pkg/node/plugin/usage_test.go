@@ -17,6 +17,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/node/procusage"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // metricValue returns the value of the sample of a metric family whose
@@ -157,7 +158,7 @@ func TestUsageMetricsAndStatus(t *testing.T) {
 		}
 		return ds.Usage
 	}
-	eventually(t, 10*time.Second, "claim a's status shows 1 GiB used by 2 processes", func() bool {
+	testutil.EventuallyTrue(t, 10*time.Second, "claim a's status shows 1 GiB used by 2 processes", func() bool {
 		u := statusUsage()
 		return u != nil && u.MemoryUsedBytes == 1<<30 && u.Processes == 2 && u.SMUtilizationPercent == 30
 	})
@@ -181,7 +182,7 @@ func TestUsageMetricsAndStatus(t *testing.T) {
 	}
 	d.backend.Mock.SetProcesses(gpu0, []nvmlmock.Process{{PID: 100, UsedMemory: 3 << 30, SMUtil: 20}, {PID: 101, UsedMemory: 256 << 20, SMUtil: 10}, {PID: 200, UsedMemory: 256 << 20, SMUtil: 5}})
 	d.sampleUsage(ctx, sampler)
-	eventually(t, 10*time.Second, "claim a's status shows 3.25 GiB used", func() bool {
+	testutil.EventuallyTrue(t, 10*time.Second, "claim a's status shows 3.25 GiB used", func() bool {
 		u := statusUsage()
 		return u != nil && u.MemoryUsedBytes == 3<<30+256<<20
 	})
