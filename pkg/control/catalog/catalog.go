@@ -1,5 +1,6 @@
-// Package catalog turns ResourceClaims and ResourceClaimTemplates that target
-// gpu.tessera.dev device classes into charges in the accounted resources
+// Package catalog indexes the devices gpu.tessera.dev publishes (and which
+// DeviceClasses are Tessera's) and turns claims on them into charges in the
+// accounted resources
 // (gpu.tessera.dev/memory in bytes, gpu.tessera.dev/gpus in GPU
 // equivalents): estimates for claims not yet allocated, the real charge
 // from allocation results (consumed capacity, the device's memory) for

@@ -21,9 +21,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/control/catalog"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/idle"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 )
 
@@ -314,13 +314,13 @@ func (r *IdleReclaimer) evictOne(ctx context.Context, p *corev1.Pod, dryRun bool
 }
 
 // podClaims are the UIDs of the pod's claims that hold devices of the
-// driver, however the pod asked for them (catalog.PodClaims: its
+// driver, however the pod asked for them (podclaims.PodClaims: its
 // resourceClaims and the claim kube-scheduler made for its extended
 // resources); a claim not allocated yet, or of another driver, is left
 // out, and a pod whose claims cannot all be found holds none that can be
 // judged (it is not idle).
 func podClaims(p *corev1.Pod, byName map[types.NamespacedName]*resourceapi.ResourceClaim, driver string) []types.UID {
-	pcs, err := catalog.PodClaims(p, runningObjects(byName))
+	pcs, err := podclaims.PodClaims(p, runningObjects(byName))
 	if err != nil {
 		return nil
 	}
@@ -349,7 +349,7 @@ func (o runningObjects) Claim(ns, name string) *resourceapi.ResourceClaim {
 
 func (o runningObjects) Template(string, string) *resourceapi.ResourceClaimTemplate { return nil }
 
-func (o runningObjects) ExtendedResources() *catalog.ExtendedResources { return nil }
+func (o runningObjects) ExtendedResources() *podclaims.ExtendedResources { return nil }
 
 func idleCondition(p *corev1.Pod) *corev1.PodCondition {
 	return findCondition(p, v1alpha1.IdleCondition)

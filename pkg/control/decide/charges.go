@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/control/catalog"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 	"github.com/tessera-dev/tessera/pkg/control/queue"
 )
 
@@ -148,7 +148,7 @@ func (c *cycle) claimConflicts(pending, admitted []*Workload) {
 	}
 	addPod := func(p *corev1.Pod, q string) {
 		live[p.UID] = true
-		pcs, err := catalog.PodClaims(p, c.objs)
+		pcs, err := podclaims.PodClaims(p, c.objs)
 		if err != nil {
 			// Resolve what exists: a missing claim has no users to share.
 			return
@@ -187,7 +187,7 @@ func (c *cycle) claimConflicts(pending, admitted []*Workload) {
 		var bad []string
 		seen := map[string]bool{}
 		for _, p := range w.Pods {
-			pcs, err := catalog.PodClaims(p, c.objs)
+			pcs, err := podclaims.PodClaims(p, c.objs)
 			if err != nil {
 				continue // resolveDemand says so
 			}
@@ -215,7 +215,7 @@ func (c *cycle) claimConflicts(pending, admitted []*Workload) {
 // podHolds is what the pod's claims hold now, every claim counted whole
 // (shared or not): the allocation, else the reservation, else the
 // estimate. ok is false when a claim of the pod is missing.
-func (c *cycle) podHolds(p *corev1.Pod, pcs []catalog.PodClaim) queue.Vector {
+func (c *cycle) podHolds(p *corev1.Pod, pcs []podclaims.PodClaim) queue.Vector {
 	var v queue.Vector
 	for _, pc := range pcs {
 		switch r := c.e.reservations[pc.Key]; {

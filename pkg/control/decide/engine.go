@@ -45,6 +45,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/control/catalog"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 	"github.com/tessera-dev/tessera/pkg/control/queue"
 )
 
@@ -287,10 +288,10 @@ func (e *Engine) Forget(pods ...*corev1.Pod) {
 type objects struct {
 	claims    map[string]*resourceapi.ResourceClaim
 	templates map[string]*resourceapi.ResourceClaimTemplate
-	ext       *catalog.ExtendedResources
+	ext       *podclaims.ExtendedResources
 }
 
-func (o *objects) ExtendedResources() *catalog.ExtendedResources { return o.ext }
+func (o *objects) ExtendedResources() *podclaims.ExtendedResources { return o.ext }
 
 func (o *objects) Claim(ns, name string) *resourceapi.ResourceClaim { return o.claims[ns+"/"+name] }
 func (o *objects) Template(ns, name string) *resourceapi.ResourceClaimTemplate {
@@ -434,7 +435,7 @@ func (e *Engine) newCycle(ctx context.Context, snap *Snapshot, cat *catalog.Cata
 		cat:    cat,
 		placer: pl,
 		objs: &objects{claims: map[string]*resourceapi.ResourceClaim{}, templates: map[string]*resourceapi.ResourceClaimTemplate{},
-			ext: catalog.NewExtendedResources(snap.Classes)},
+			ext: podclaims.NewExtendedResources(snap.Classes)},
 		charged:  map[string]bool{},
 		estCache: map[string]estimate{},
 		specEst:  map[string]estimate{},
@@ -488,9 +489,9 @@ func (c *cycle) chargeAdmitted() error {
 	}
 	var toPlace []replace
 	for _, w := range c.admitted {
-		w.claims = map[*corev1.Pod][]catalog.PodClaim{}
+		w.claims = map[*corev1.Pod][]podclaims.PodClaim{}
 		for _, p := range w.Pods {
-			pcs, err := catalog.PodClaims(p, c.objs)
+			pcs, err := podclaims.PodClaims(p, c.objs)
 			if err != nil {
 				c.logger.V(4).Info("Admitted pod has claims that do not exist", "pod", klog.KObj(p), "err", err)
 				continue
@@ -656,7 +657,7 @@ func (c *cycle) reserve(w *Workload, t *trial) {
 	}
 }
 
-func (c *cycle) estimate(pc catalog.PodClaim) estimate {
+func (c *cycle) estimate(pc podclaims.PodClaim) estimate {
 	if e, ok := c.estCache[pc.Key]; ok {
 		return e
 	}
@@ -683,11 +684,11 @@ func (c *cycle) estimate(pc catalog.PodClaim) estimate {
 // resolveDemand resolves the claims of a pending workload and estimates its
 // demand; problems become verdicts.
 func (c *cycle) resolveDemand(w *Workload) (queue.Vector, *Verdict) {
-	w.claims = map[*corev1.Pod][]catalog.PodClaim{}
+	w.claims = map[*corev1.Pod][]podclaims.PodClaim{}
 	var total queue.Vector
 	seen := map[string]bool{}
 	for _, p := range w.Pods {
-		pcs, err := catalog.PodClaims(p, c.objs)
+		pcs, err := podclaims.PodClaims(p, c.objs)
 		if err != nil {
 			return total, &Verdict{Workload: w, Reason: ReasonWaitingClaims, Message: fmt.Sprintf("%s: %v", w.Describe(), err)}
 		}

@@ -11,7 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/tessera-dev/tessera/pkg/control/catalog"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 	"github.com/tessera-dev/tessera/pkg/control/queue"
 )
 
@@ -61,7 +61,7 @@ const maxClaimDevices = resourceapi.AllocationResultsMaxSize
 // satisfy, naming the field and the fix. The API server validates claims
 // the same way; this holds for whatever reaches the controller (claims
 // from older API versions, templates, tests, fuzzing).
-func checkClaim(pc catalog.PodClaim) *faultError {
+func checkClaim(pc podclaims.PodClaim) *faultError {
 	bad := func(fault, field, format string, args ...any) *faultError {
 		return &faultError{fault, fmt.Sprintf("claim %s: %s %s", pc.Display, field, fmt.Sprintf(format, args...))}
 	}

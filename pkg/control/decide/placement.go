@@ -21,7 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
-	"github.com/tessera-dev/tessera/pkg/control/catalog"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 )
 
 // placeNode is a node as placement simulation sees it: its slices and what is
@@ -164,7 +164,7 @@ type placer struct {
 	poolNode map[string]*placeNode // driver/pool -> node
 	classes  allocation.Classes
 	// ext resolves the extended resources DeviceClasses serve.
-	ext      *catalog.ExtendedResources
+	ext      *podclaims.ExtendedResources
 	features structured.Features
 	cel      *cel.Cache
 	fails    map[failKey]uint64
@@ -222,7 +222,7 @@ func newPlacer(nodes []*corev1.Node, all []*resourceapi.ResourceSlice, classes [
 		byName:    map[string]*placeNode{},
 		poolNode:  map[string]*placeNode{},
 		classes:   allocation.Classes(classes),
-		ext:       catalog.NewExtendedResources(classes),
+		ext:       podclaims.NewExtendedResources(classes),
 		features:  features,
 		cel:       celCache,
 		fails:     map[failKey]uint64{},
@@ -458,7 +458,7 @@ func (t *trial) rollback() {
 
 // claimInfo is what the trial needs to know about a claim of a pod.
 type claimInfo struct {
-	pc catalog.PodClaim
+	pc podclaims.PodClaim
 	// node is set when the claim is already allocated or reserved there.
 	node *placeNode
 	// charged says the claim is accounted elsewhere (allocated, reserved,
@@ -474,7 +474,7 @@ func (t *trial) placePod(ctx context.Context, pod *corev1.Pod, infos []claimInfo
 	var keys []string
 	var ext []corev1.ResourceName
 	for _, ci := range infos {
-		if strings.HasSuffix(ci.pc.Key, "/"+catalog.ExtendedClaimEntry) && !ci.pc.Exists {
+		if strings.HasSuffix(ci.pc.Key, "/"+podclaims.ExtendedClaimEntry) && !ci.pc.Exists {
 			ext = t.c.ext.PodExtendedResources(pod)
 		}
 		n := ci.node

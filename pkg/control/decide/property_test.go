@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/control/catalog"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	. "github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 	"github.com/tessera-dev/tessera/pkg/control/queue"
 )
 
@@ -318,7 +319,7 @@ func chargeWorld(t *testing.T, w *world, tree *queue.Tree, step int) {
 		if q == nil {
 			continue
 		}
-		pcs, err := catalog.PodClaims(p, objs)
+		pcs, err := podclaims.PodClaims(p, objs)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
@@ -378,8 +379,8 @@ func (o worldObjects) Claim(ns, name string) *resourceClaim {
 	return nil
 }
 
-func (o worldObjects) ExtendedResources() *catalog.ExtendedResources {
-	return catalog.NewExtendedResources(o.w.snap.Classes)
+func (o worldObjects) ExtendedResources() *podclaims.ExtendedResources {
+	return podclaims.NewExtendedResources(o.w.snap.Classes)
 }
 
 func (o worldObjects) Template(ns, name string) *resourceClaimTemplate {

@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/control/catalog"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 	"github.com/tessera-dev/tessera/pkg/control/queue"
 )
 
@@ -52,7 +52,7 @@ type Workload struct {
 	problem  string // bad input: never admitted as is
 	wait     string // waits for something that is not there yet
 	waitWhy  string
-	claims   map[*corev1.Pod][]catalog.PodClaim
+	claims   map[*corev1.Pod][]podclaims.PodClaim
 	holdings []holding
 	// adopted marks the unqueued pods of a managed namespace (charges.go).
 	adopted bool

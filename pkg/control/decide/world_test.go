@@ -16,9 +16,9 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
-	"github.com/tessera-dev/tessera/pkg/control/catalog"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 )
 
 // world is a simulated cluster the tests drive: the engine decides, the
@@ -322,7 +322,7 @@ func (w *world) podClaims(p *corev1.Pod) []*resourceapi.ResourceClaim {
 	var out []*resourceapi.ResourceClaim
 	if st := p.Status.ExtendedResourceClaimStatus; st != nil {
 		out = append(out, w.claimByName(st.ResourceClaimName))
-	} else if spec := catalog.NewExtendedResources(w.snap.Classes).ExtendedClaimSpec(p); spec != nil {
+	} else if spec := podclaims.NewExtendedResources(w.snap.Classes).ExtendedClaimSpec(p); spec != nil {
 		name := p.Name + "-extended-resources-gen"
 		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: name, UID: types.UID("uid-" + name),
 			Annotations: map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}}, Spec: *spec}

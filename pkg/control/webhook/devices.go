@@ -9,7 +9,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tessera-dev/tessera/pkg/control/catalog"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
 )
 
 // extendedResourceCEL says, in a match condition, that container c asks for
@@ -46,7 +46,7 @@ const (
 // extendedResources resolves extended resource names with the live
 // DeviceClasses (an administrator's objects: the cache is safe to read,
 // see CacheFirst).
-func extendedResources(ctx context.Context, r client.Reader) (*catalog.ExtendedResources, error) {
+func extendedResources(ctx context.Context, r client.Reader) (*podclaims.ExtendedResources, error) {
 	var list resourceapi.DeviceClassList
 	if err := r.List(ctx, &list); err != nil {
 		return nil, fmt.Errorf("listing DeviceClasses: %w", err)
@@ -55,7 +55,7 @@ func extendedResources(ctx context.Context, r client.Reader) (*catalog.ExtendedR
 	for i := range list.Items {
 		classes[i] = &list.Items[i]
 	}
-	return catalog.NewExtendedResources(classes), nil
+	return podclaims.NewExtendedResources(classes), nil
 }
 
 // usesDevices says whether the pod gets devices through DRA: it uses a
@@ -63,7 +63,7 @@ func extendedResources(ctx context.Context, r client.Reader) (*catalog.ExtendedR
 // DeviceClass serves now, or the implicit
 // deviceclass.resource.kubernetes.io/<class> of any class (one created
 // later would serve it). It returns the extended resources it asks.
-func usesDevices(pod *corev1.Pod, ext *catalog.ExtendedResources) (bool, []corev1.ResourceName) {
+func usesDevices(pod *corev1.Pod, ext *podclaims.ExtendedResources) (bool, []corev1.ResourceName) {
 	var names []corev1.ResourceName
 	for _, c := range append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
 		for name := range c.Resources.Limits {

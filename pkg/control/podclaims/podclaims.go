@@ -1,4 +1,9 @@
-package catalog
+// Package podclaims is the one definition of which devices a pod gets: the
+// claims it names, the claims made from its templates, and the claim
+// kube-scheduler makes for the extended resources it asks that a
+// DeviceClass serves. The controller's admission, charges and idle reclaim
+// and the webhooks read it.
+package podclaims
 
 import (
 	"fmt"

@@ -6,11 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/cel"
-	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/control/catalog"
@@ -150,46 +148,6 @@ func TestChargeOfSharesIsConsumedCapacity(t *testing.T) {
 	res, _ := alloc.Allocate(ctx, decidetest.Node("n1"), state, decidetest.Claim("ns", "cd", decidetest.Request{Memory: "20Gi"}))
 	if res != nil {
 		t.Error("a fourth 20Gi share fit")
-	}
-}
-
-type objs struct {
-	claims    map[string]*resourceapi.ResourceClaim
-	templates map[string]*resourceapi.ResourceClaimTemplate
-	ext       *catalog.ExtendedResources
-}
-
-func (o objs) ExtendedResources() *catalog.ExtendedResources { return o.ext }
-
-func (o objs) Claim(ns, name string) *resourceapi.ResourceClaim { return o.claims[ns+"/"+name] }
-func (o objs) Template(ns, name string) *resourceapi.ResourceClaimTemplate {
-	return o.templates[ns+"/"+name]
-}
-
-func TestPodClaims(t *testing.T) {
-	shared := decidetest.Claim("ns", "shared", decidetest.Request{Memory: "8Gi"})
-	gen := decidetest.Claim("ns", "p-t0-abc", decidetest.Request{})
-	o := objs{
-		claims:    map[string]*resourceapi.ResourceClaim{"ns/shared": shared, "ns/p-t0-abc": gen},
-		templates: map[string]*resourceapi.ResourceClaimTemplate{"ns/tmpl": decidetest.Template("ns", "tmpl", decidetest.Request{})},
-	}
-	p := decidetest.Pod("ns", "p", decidetest.PodOptions{Templates: []string{"tmpl"}, Claims: []string{"shared"}})
-	pcs, err := catalog.PodClaims(p, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(pcs) != 2 || pcs[0].Exists || pcs[0].Key != "pod:uid-pod-ns-p/t0" || pcs[1].Key != "claim:ns/shared" || !pcs[1].Exists {
-		t.Errorf("unexpected claims %+v", pcs)
-	}
-	// Once the resourceclaim controller made the claim, it is used.
-	p.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "t0", ResourceClaimName: ptr.To("p-t0-abc")}}
-	pcs, _ = catalog.PodClaims(p, o)
-	if !pcs[0].Exists || pcs[0].Claim != gen || pcs[0].Key != "pod:uid-pod-ns-p/t0" {
-		t.Errorf("generated claim not used: %+v", pcs[0])
-	}
-	p2 := decidetest.Pod("ns", "p2", decidetest.PodOptions{Templates: []string{"missing"}})
-	if _, err := catalog.PodClaims(p2, o); err == nil || !strings.Contains(err.Error(), "ResourceClaimTemplate missing does not exist") {
-		t.Errorf("missing template: %v", err)
 	}
 }
 

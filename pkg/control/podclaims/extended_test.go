@@ -1,4 +1,4 @@
-package catalog_test
+package podclaims_test
 
 import (
 	"fmt"
@@ -12,7 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/control/catalog"
+	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/pkg/control/podclaims"
+	"strings"
 )
 
 func class(name, extended string, created time.Time) *resourceapi.DeviceClass {
@@ -33,7 +35,7 @@ func TestExtendedResourcesClass(t *testing.T) {
 		class("newer", "example.com/new", t0),
 		class("older", "example.com/new", t0.Add(-time.Minute)),
 	}
-	e := catalog.NewExtendedResources(classes)
+	e := podclaims.NewExtendedResources(classes)
 	for _, tc := range []struct {
 		name corev1.ResourceName
 		want string
@@ -57,7 +59,7 @@ func TestExtendedResourcesClass(t *testing.T) {
 			t.Errorf("Class(%s) = %q, want %q", tc.name, got, tc.want)
 		}
 	}
-	var nilExt *catalog.ExtendedResources
+	var nilExt *podclaims.ExtendedResources
 	if nilExt.Class("nvidia.com/gpu") != nil {
 		t.Error("a nil resolver resolved a name")
 	}
@@ -75,7 +77,7 @@ func TestIsDRAExtendedResourceName(t *testing.T) {
 		"requests.nvidia.com/gpu":              false,
 		"hugepages-1Gi":                        false,
 	} {
-		if got := catalog.IsDRAExtendedResourceName(name); got != want {
+		if got := podclaims.IsDRAExtendedResourceName(name); got != want {
 			t.Errorf("IsDRAExtendedResourceName(%s) = %v, want %v", name, got, want)
 		}
 	}
@@ -102,7 +104,7 @@ func req(name, class string, count int64) resourceapi.DeviceRequest {
 func TestExtendedClaimSpec(t *testing.T) {
 	const er = "example.com/gpu"
 	t0 := time.Now()
-	e := catalog.NewExtendedResources([]*resourceapi.DeviceClass{
+	e := podclaims.NewExtendedResources([]*resourceapi.DeviceClass{
 		class("class", er, t0), class("class1", er+"1", t0), class("classInit", er+"init", t0),
 	})
 	sidecar := ctr("sidecar", map[string]string{er + "init": "1"})
@@ -150,17 +152,17 @@ func TestExtendedClaimSpec(t *testing.T) {
 }
 
 func TestPodClaimsExtendedResources(t *testing.T) {
-	e := catalog.NewExtendedResources([]*resourceapi.DeviceClass{class("gpu.tessera.dev", "", time.Now())})
+	e := podclaims.NewExtendedResources([]*resourceapi.DeviceClass{class("gpu.tessera.dev", "", time.Now())})
 	made := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p-extended-resources-x7k2q"}}
 	o := objs{claims: map[string]*resourceapi.ResourceClaim{"ns/p-extended-resources-x7k2q": made}, ext: e}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u1"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{ctr("main", map[string]string{"deviceclass.resource.kubernetes.io/gpu.tessera.dev": "2"})}}}
 
-	pcs, err := catalog.PodClaims(pod, o)
+	pcs, err := podclaims.PodClaims(pod, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(pcs) != 1 || pcs[0].Exists || pcs[0].Key != "pod:u1/"+catalog.ExtendedClaimEntry {
+	if len(pcs) != 1 || pcs[0].Exists || pcs[0].Key != "pod:u1/"+podclaims.ExtendedClaimEntry {
 		t.Fatalf("before scheduling: %+v", pcs)
 	}
 	r := pcs[0].Claim.Spec.Devices.Requests
@@ -170,18 +172,18 @@ func TestPodClaimsExtendedResources(t *testing.T) {
 
 	// Once the scheduler made it, the real claim is used, under the same key.
 	pod.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: made.Name}
-	pcs, err = catalog.PodClaims(pod, o)
+	pcs, err = podclaims.PodClaims(pod, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(pcs) != 1 || !pcs[0].Exists || pcs[0].Claim != made || pcs[0].Key != "pod:u1/"+catalog.ExtendedClaimEntry {
+	if len(pcs) != 1 || !pcs[0].Exists || pcs[0].Claim != made || pcs[0].Key != "pod:u1/"+podclaims.ExtendedClaimEntry {
 		t.Errorf("after scheduling: %+v", pcs)
 	}
 
 	// No class serves the name: the pod gets no device through DRA.
-	o.ext = catalog.NewExtendedResources(nil)
+	o.ext = podclaims.NewExtendedResources(nil)
 	pod.Status.ExtendedResourceClaimStatus = nil
-	if pcs, _ := catalog.PodClaims(pod, o); len(pcs) != 0 {
+	if pcs, _ := podclaims.PodClaims(pod, o); len(pcs) != 0 {
 		t.Errorf("without a class: %+v", pcs)
 	}
 }
@@ -192,4 +194,44 @@ func show(reqs []resourceapi.DeviceRequest) string {
 		out += fmt.Sprintf("[%s %s x%d] ", r.Name, r.Exactly.DeviceClassName, r.Exactly.Count)
 	}
 	return out
+}
+
+type objs struct {
+	claims    map[string]*resourceapi.ResourceClaim
+	templates map[string]*resourceapi.ResourceClaimTemplate
+	ext       *podclaims.ExtendedResources
+}
+
+func (o objs) ExtendedResources() *podclaims.ExtendedResources { return o.ext }
+
+func (o objs) Claim(ns, name string) *resourceapi.ResourceClaim { return o.claims[ns+"/"+name] }
+func (o objs) Template(ns, name string) *resourceapi.ResourceClaimTemplate {
+	return o.templates[ns+"/"+name]
+}
+
+func TestPodClaims(t *testing.T) {
+	shared := decidetest.Claim("ns", "shared", decidetest.Request{Memory: "8Gi"})
+	gen := decidetest.Claim("ns", "p-t0-abc", decidetest.Request{})
+	o := objs{
+		claims:    map[string]*resourceapi.ResourceClaim{"ns/shared": shared, "ns/p-t0-abc": gen},
+		templates: map[string]*resourceapi.ResourceClaimTemplate{"ns/tmpl": decidetest.Template("ns", "tmpl", decidetest.Request{})},
+	}
+	p := decidetest.Pod("ns", "p", decidetest.PodOptions{Templates: []string{"tmpl"}, Claims: []string{"shared"}})
+	pcs, err := podclaims.PodClaims(p, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pcs) != 2 || pcs[0].Exists || pcs[0].Key != "pod:uid-pod-ns-p/t0" || pcs[1].Key != "claim:ns/shared" || !pcs[1].Exists {
+		t.Errorf("unexpected claims %+v", pcs)
+	}
+	// Once the resourceclaim controller made the claim, it is used.
+	p.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "t0", ResourceClaimName: ptr.To("p-t0-abc")}}
+	pcs, _ = podclaims.PodClaims(p, o)
+	if !pcs[0].Exists || pcs[0].Claim != gen || pcs[0].Key != "pod:uid-pod-ns-p/t0" {
+		t.Errorf("generated claim not used: %+v", pcs[0])
+	}
+	p2 := decidetest.Pod("ns", "p2", decidetest.PodOptions{Templates: []string{"missing"}})
+	if _, err := podclaims.PodClaims(p2, o); err == nil || !strings.Contains(err.Error(), "ResourceClaimTemplate missing does not exist") {
+		t.Errorf("missing template: %v", err)
+	}
 }
