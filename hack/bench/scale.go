@@ -55,7 +55,7 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		p("**Short run** (`scale.Small`, part of `make test`'s benchmark smoke run): shows the harness still works; not the figures to quote.\n\n")
 	}
 	p("**Setup** ([test/scale](../test/scale)): %d fake nodes run by the kwok controller (`sigs.k8s.io/kwok` %s, built from the module proxy like the other cluster binaries; node heartbeats with leases, so kube-controller-manager's node lifecycle keeps them Ready). ", cfg.Nodes, localcluster.KwokVersion)
-	p("Each node publishes the ResourceSlices the kubelet plugin itself builds for mock profile `%s` (%d GPUs each; `plugin.NodeSlices`: discover → model → publish, seeded with the node's name). ", cfg.Profile, rep.GPUsPerNode)
+	p("Each node publishes the ResourceSlices the kubelet plugin itself builds for mock profile `%s` (%d GPUs each; `plugin.NodeSlices`: discover → model → slices (pkg/gpu/nodeslices), seeded with the node's name). ", cfg.Profile, rep.GPUsPerNode)
 	p("Tessera's controller and webhooks run from the Helm chart with their default flags; the share pods go to %d queues under one parent, each with the quota its pods need, so that the run measures the path and not a quota. ", cfg.Queues)
 	p("%s", migSetup(cfg))
 	p("Nothing runs on a fake node (the kwok controller marks bound pods Running), so nothing is prepared: this measures the control plane. ")

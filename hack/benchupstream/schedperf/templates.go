@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/deployments"
-	"github.com/tessera-dev/tessera/pkg/control/whatif/mocknodes"
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 )
 
 const (
@@ -79,16 +79,17 @@ func (c Config) Validate() error {
 
 // SliceTemplates returns the ResourceSlices the kubelet plugin publishes for
 // a node of profile, one scheduler_perf template (YAML with {{.Index}}) per
-// slice. They are the plugin's own slices (plugin.NodeSlices, seeded with
+// slice. They are the plugin's own slices (nodeslices.MockProfile, seeded with
 // node 0's name) with the node's name replaced by NodePrefix{{.Index}}, so
 // every node publishes them under its own name and pool; attributes the mock
 // seeds per node (UUIDs) are node 0's on every node.
 func SliceTemplates(ctx context.Context, profile string) ([][]byte, error) {
 	node := NodePrefix + "0"
-	slices, err := mocknodes.NodeSlices(ctx, profile, node)
+	n, err := nodeslices.MockProfile(ctx, profile, node)
 	if err != nil {
 		return nil, err
 	}
+	slices := n.Slices
 	if len(slices) == 0 {
 		return nil, fmt.Errorf("mock profile %q publishes no ResourceSlice", profile)
 	}

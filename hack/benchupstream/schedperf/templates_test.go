@@ -18,8 +18,8 @@ import (
 
 	"github.com/tessera-dev/tessera/deployments"
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
-	"github.com/tessera-dev/tessera/pkg/control/whatif/mocknodes"
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 )
 
 // render executes a generated template the way scheduler_perf's createAny
@@ -66,10 +66,11 @@ func TestSliceTemplatesAreThePluginsOwn(t *testing.T) {
 					t.Fatal(err)
 				}
 				node := fmt.Sprintf("%s%d", NodePrefix, index)
-				want, err := mocknodes.NodeSlices(ctx, profile, node)
+				n, err := nodeslices.MockProfile(ctx, profile, node)
 				if err != nil {
 					t.Fatal(err)
 				}
+				want := n.Slices
 				if len(tmpls) != len(want) {
 					t.Fatalf("%d templates, the plugin publishes %d slices", len(tmpls), len(want))
 				}

@@ -18,10 +18,9 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/gpu/discover"
 	"github.com/tessera-dev/tessera/pkg/gpu/inventory"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
-	"github.com/tessera-dev/tessera/pkg/node/publish"
 )
 
 // Policy is a way of sharing GPUs.
@@ -294,24 +293,17 @@ func newNode(ctx context.Context, name, profile string, policy Policy, classes a
 			mig = mig || len(nvmlmock.Models[m].MIG) > 0
 		}
 	}
-	srv, err := nvmlmock.New(nvmlmock.Options{Spec: spec, Seed: name, MIGEnabled: mig})
-	if err != nil {
-		return nil, err
-	}
-	inv, err := discover.Discover(ctx, srv)
-	if err != nil {
-		return nil, err
-	}
-	cfg := devicemodel.Config{ReservedMemory: devicemodel.DefaultReservedMemory, MIGMode: devicemodel.MIGDynamic}
+	cfg := devicemodel.DefaultConfig()
 	if policy == TimeSlice4 {
 		cfg.TimeSlices = 4
 	}
-	built, err := devicemodel.Build(inv, cfg)
+	built, err := nodeslices.Mock(ctx, spec, mig, cfg, name)
 	if err != nil {
 		return nil, err
 	}
+	inv := built.Inventory
 	n := &simNode{name: name, inv: inv, usable: map[int]uint64{}, free: map[int]uint64{}, state: allocation.NewState(), mig: mig,
-		alloc: allocation.NewAllocator(publish.ResourceSlices(name, built), classes)}
+		alloc: allocation.NewAllocator(built.Slices, classes)}
 	for _, g := range inv.GPUs {
 		u, err := devicemodel.UsableMemory(g, cfg.ReservedMemory)
 		if err != nil {

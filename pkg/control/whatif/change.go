@@ -23,8 +23,9 @@ type NodeGroup struct {
 }
 
 // NodeSlicer makes the ResourceSlices a node of a mock profile publishes.
-// It lives outside this package (mocknodes), so that the controller, which
-// uses the report types here, does not link the node side (cgo, NVML).
+// The caller passes it (kubectl-tessera: pkg/gpu/nodeslices.MockProfile),
+// so that the controller, which runs what-if in shadow mode, links no NVML
+// bindings.
 type NodeSlicer func(ctx context.Context, profile, node string) ([]*resourceapi.ResourceSlice, error)
 
 // Change is what a what-if run tries.
@@ -32,8 +33,8 @@ type Change struct {
 	// Queues replace the queues of the same name, or are added.
 	Queues []*v1alpha1.Queue
 	// AddNodes are new nodes of mock profiles, publishing the slices
-	// NodeSlices makes for them (package mocknodes: exactly the kubelet
-	// plugin's, through its own discover → model → publish path).
+	// NodeSlices makes for them (pkg/gpu/nodeslices: exactly the kubelet
+	// plugin's, through its own discover → model → slices path).
 	AddNodes   []NodeGroup
 	NodeSlices NodeSlicer
 	// RemoveNodes are nodes to take away, with their slices and the pods

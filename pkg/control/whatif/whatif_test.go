@@ -95,8 +95,7 @@ func TestAddedNodes(t *testing.T) {
 	ctx := context.Background()
 	s := cluster(t)
 	s.Nodes, s.Slices = nil, nil
-	// The slices of a mock node, as the node side makes them (mocknodes
-	// passes the plugin's own path; its test checks that).
+	// The slices of a mock node, as the plugin makes them.
 	slicer := func(_ context.Context, profile, node string) ([]*resourceapi.ResourceSlice, error) {
 		return decidetest.NodeSlices(node, decidetest.NodeOptions{Profile: profile})
 	}

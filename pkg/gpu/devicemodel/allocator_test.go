@@ -19,9 +19,9 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/gpu/discover"
 	"github.com/tessera-dev/tessera/pkg/gpu/inventory"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
 	"github.com/tessera-dev/tessera/pkg/node/enforce"
-	"github.com/tessera-dev/tessera/pkg/node/publish"
 )
 
 const nodeName = "node-1"
@@ -70,7 +70,7 @@ func buildSlices(t testing.TB, o nodeOpts) []*resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return publish.ResourceSlices(nodeName, slices)
+	return nodeslices.Objects(nodeName, slices)
 }
 
 type req struct {

@@ -65,6 +65,13 @@ type Config struct {
 	Excluded map[string]string
 }
 
+// DefaultConfig is the configuration the kubelet plugin runs with when no
+// flag changes it (pkg/node/plugin checks that its defaults say so): the
+// default reserve, no time slices, no share cap, dynamic MIG.
+func DefaultConfig() Config {
+	return Config{ReservedMemory: DefaultReservedMemory, MIGMode: MIGDynamic}
+}
+
 // Validate checks the configuration; messages name the flag to fix.
 func (c Config) Validate() error {
 	if c.TimeSlices < 0 || c.TimeSlices > MaxTimeSlices {

@@ -12,8 +12,8 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/gpu/discover"
 	"github.com/tessera-dev/tessera/pkg/gpu/inventory"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
-	"github.com/tessera-dev/tessera/pkg/node/publish"
 )
 
 // foreignNode is one H100 in MIG mode with instances made by hand before
@@ -110,7 +110,7 @@ func (n *foreignNode) cluster(foreign bool) *cluster {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	n.slices = publish.ResourceSlices(nodeName, slices)
+	n.slices = nodeslices.Objects(nodeName, slices)
 	return &cluster{t: n.t, alloc: allocation.NewAllocator(n.slices, shippedClasses(n.t)), state: allocation.NewState()}
 }
 

@@ -14,8 +14,8 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 	"github.com/tessera-dev/tessera/pkg/gpu/discover"
 	"github.com/tessera-dev/tessera/pkg/gpu/inventory"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
-	"github.com/tessera-dev/tessera/pkg/node/publish"
 )
 
 // validateSlices checks what the API server and the allocator would reject.
@@ -227,7 +227,7 @@ func TestStaticMIGPublishesExistingInstances(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := publish.ResourceSlices(nodeName, slices)
+	rs := nodeslices.Objects(nodeName, slices)
 	validateSlices(t, rs)
 	var got []string
 	for _, s := range rs {

@@ -319,22 +319,8 @@ func multiprocessors(dev nvml.Device) int {
 	if ret != nvml.SUCCESS {
 		return 0
 	}
-	if per := CoresPerSM(major, minor); per > 0 && cores%per == 0 {
+	if per := inventory.CoresPerSM(major, minor); per > 0 && cores%per == 0 {
 		return cores / per
-	}
-	return 0
-}
-
-// CoresPerSM is the number of CUDA cores per streaming multiprocessor for
-// a compute capability, 0 when unknown: 64 for Volta, Turing and GA100
-// (7.x, 8.0), 128 from GA10x on (8.6, 8.7, 8.9, Hopper 9.0, Blackwell 10.x
-// and 12.x).
-func CoresPerSM(major, minor int) int {
-	switch {
-	case major == 7, major == 8 && minor == 0:
-		return 64
-	case major == 8, major == 9, major == 10, major == 12:
-		return 128
 	}
 	return 0
 }

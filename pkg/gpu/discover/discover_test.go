@@ -8,6 +8,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/tessera-dev/tessera/pkg/gpu/discover"
+	"github.com/tessera-dev/tessera/pkg/gpu/inventory"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
 )
 
@@ -129,7 +130,7 @@ func TestCoresPerSM(t *testing.T) {
 	for _, tc := range []struct{ major, minor, want int }{
 		{7, 0, 64}, {7, 5, 64}, {8, 0, 64}, {8, 6, 128}, {8, 9, 128}, {9, 0, 128}, {10, 0, 128}, {12, 0, 128}, {6, 1, 0}, {11, 0, 0},
 	} {
-		if got := discover.CoresPerSM(tc.major, tc.minor); got != tc.want {
+		if got := inventory.CoresPerSM(tc.major, tc.minor); got != tc.want {
 			t.Errorf("CoresPerSM(%d.%d) = %d, want %d", tc.major, tc.minor, got, tc.want)
 		}
 	}

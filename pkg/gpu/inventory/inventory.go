@@ -81,3 +81,17 @@ type MIGInstance struct {
 	CIID        int
 	Placement   Placement
 }
+
+// CoresPerSM is the number of CUDA cores per streaming multiprocessor for
+// a compute capability, 0 when unknown: 64 for Volta, Turing and GA100
+// (7.x, 8.0), 128 from GA10x on (8.6, 8.7, 8.9, Hopper 9.0, Blackwell 10.x
+// and 12.x).
+func CoresPerSM(major, minor int) int {
+	switch {
+	case major == 7, major == 8 && minor == 0:
+		return 64
+	case major == 8, major == 9, major == 10, major == 12:
+		return 128
+	}
+	return 0
+}

@@ -21,7 +21,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/google/uuid"
 
-	"github.com/tessera-dev/tessera/pkg/gpu/discover"
+	"github.com/tessera-dev/tessera/pkg/gpu/inventory"
 )
 
 // Options configure a mock server.
@@ -233,7 +233,7 @@ func (d *Device) setFuncs() {
 		return nvml.DeviceAttributes{MemorySizeMB: m.MemoryMiB}, nvml.SUCCESS
 	}
 	d.GetNumGpuCoresFunc = func() (int, nvml.Return) {
-		return int(m.Multiprocessors) * discover.CoresPerSM(m.CCMajor, m.CCMinor), nvml.SUCCESS
+		return int(m.Multiprocessors) * inventory.CoresPerSM(m.CCMajor, m.CCMinor), nvml.SUCCESS
 	}
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
 		p := nvml.PciInfo{Domain: 0, Bus: pciBus(d.Index), PciDeviceId: m.PciDeviceID}

@@ -1,15 +1,19 @@
 package commands
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/whatif"
-	"github.com/tessera-dev/tessera/pkg/control/whatif/mocknodes"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
+	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
 )
 
 func newWhatIfCommand(o *Options, s Streams) *cobra.Command {
@@ -64,10 +68,10 @@ is written to the cluster.`,
 				}
 			}
 			if addNodes != "" {
-				if change.AddNodes, err = mocknodes.ParseNodes(addNodes); err != nil {
+				if change.AddNodes, err = parseNodes(addNodes); err != nil {
 					return fmt.Errorf("--add-nodes: %w", err)
 				}
-				change.NodeSlices = mocknodes.NodeSlices
+				change.NodeSlices = mockNodeSlices
 			}
 			change.RemoveNodes = removeNodes
 			if flags != "" {
@@ -115,4 +119,29 @@ is written to the cluster.`,
 	f.StringVar(&version, "kubernetes-version", "", "Kubernetes version whose scheduler defaults both runs use (default: the engine's, the newest supported).")
 	f.BoolVar(&all, "all", false, "Also list every workload's outcome after the change.")
 	return cmd
+}
+
+// parseNodes reads --add-nodes: "<count>x<profile>" groups separated by
+// ";" or ",", e.g. 4xdgxh100 (the simulator's syntax).
+func parseNodes(s string) ([]whatif.NodeGroup, error) {
+	groups, err := nvmlmock.ParseNodeGroups(strings.ReplaceAll(s, ",", ";"))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]whatif.NodeGroup, len(groups))
+	for i, g := range groups {
+		out[i] = whatif.NodeGroup{Count: g.Count, Profile: g.Profile}
+	}
+	return out, nil
+}
+
+// mockNodeSlices are the ResourceSlices the kubelet plugin publishes for a
+// node of the mock profile, seeded with the node's name, with its default
+// flags (pkg/node/plugin's TestMockProfileIsThePlugins).
+func mockNodeSlices(ctx context.Context, profile, node string) ([]*resourceapi.ResourceSlice, error) {
+	n, err := nodeslices.MockProfile(ctx, profile, node)
+	if err != nil {
+		return nil, fmt.Errorf("mock profile %q: %w", profile, err)
+	}
+	return n.Slices, nil
 }

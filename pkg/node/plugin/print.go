@@ -9,10 +9,8 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/gpu/discover"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 	"github.com/tessera-dev/tessera/pkg/node/nvmlsource"
-	"github.com/tessera-dev/tessera/pkg/node/publish"
 )
 
 // NodeSlices returns the ResourceSlices the plugin configured by o publishes
@@ -35,15 +33,11 @@ func NodeSlices(ctx context.Context, o *Options, node string) ([]*resourceapi.Re
 			klog.FromContext(ctx).Error(err, "Shutting down the GPU backend")
 		}
 	}()
-	inv, err := discover.Discover(ctx, be)
+	n, err := nodeslices.Build(ctx, be, cfg, node)
 	if err != nil {
 		return nil, err
 	}
-	slices, err := devicemodel.Build(inv, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return publish.ResourceSlices(node, slices), nil
+	return n.Slices, nil
 }
 
 // PrintSlices writes the ResourceSlices this node would publish to w as a

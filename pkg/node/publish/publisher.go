@@ -11,8 +11,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/gpu/discover"
 	"github.com/tessera-dev/tessera/pkg/gpu/inventory"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 )
 
 // Sink receives the pool to publish (kubeletplugin.Helper.PublishResources).
@@ -65,11 +65,7 @@ func (p *Publisher) Trigger() {
 // Refresh rediscovers the GPUs and rebuilds the devices without
 // publishing, so that prepare has an inventory before the plugin serves.
 func (p *Publisher) Refresh(ctx context.Context) error {
-	inv, err := discover.Discover(ctx, p.lib)
-	if err != nil {
-		return err
-	}
-	slices, err := devicemodel.Build(inv, p.config())
+	inv, slices, err := nodeslices.Model(ctx, p.lib, p.config())
 	if err != nil {
 		return err
 	}

@@ -18,9 +18,8 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/deployments"
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/gpu/discover"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
-	"github.com/tessera-dev/tessera/pkg/node/publish"
 )
 
 // NodeOptions shape a simulated node.
@@ -37,19 +36,13 @@ func NodeSlices(node string, o NodeOptions) ([]*resourceapi.ResourceSlice, error
 	if err != nil {
 		return nil, err
 	}
-	srv, err := nvmlmock.New(nvmlmock.Options{Spec: spec, Seed: node, MIGEnabled: o.MIG})
+	cfg := devicemodel.DefaultConfig()
+	cfg.TimeSlices = o.TimeSlices
+	n, err := nodeslices.Mock(context.Background(), spec, o.MIG, cfg, node)
 	if err != nil {
 		return nil, err
 	}
-	inv, err := discover.Discover(context.Background(), srv)
-	if err != nil {
-		return nil, err
-	}
-	slices, err := devicemodel.Build(inv, devicemodel.Config{ReservedMemory: devicemodel.DefaultReservedMemory, TimeSlices: o.TimeSlices, MIGMode: devicemodel.MIGDynamic})
-	if err != nil {
-		return nil, err
-	}
-	return publish.ResourceSlices(node, slices), nil
+	return n.Slices, nil
 }
 
 // Node returns a ready, schedulable Node object.

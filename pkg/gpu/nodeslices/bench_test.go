@@ -1,4 +1,4 @@
-package publish_test
+package nodeslices_test
 
 import (
 	"context"
@@ -6,9 +6,8 @@ import (
 	"testing"
 
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
-	"github.com/tessera-dev/tessera/pkg/gpu/discover"
+	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
-	"github.com/tessera-dev/tessera/pkg/node/publish"
 )
 
 // BenchmarkPublishDGXH100DynamicMIG measures discovery, the device model and
@@ -21,18 +20,14 @@ func BenchmarkPublishDGXH100DynamicMIG(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	cfg := devicemodel.Config{ReservedMemory: devicemodel.DefaultReservedMemory, MIGMode: devicemodel.MIGDynamic}
+	cfg := devicemodel.DefaultConfig()
 	var objects, bytes, devices int
 	for b.Loop() {
-		inv, err := discover.Discover(ctx, srv)
+		n, err := nodeslices.Build(ctx, srv, cfg, "bench-node")
 		if err != nil {
 			b.Fatal(err)
 		}
-		built, err := devicemodel.Build(inv, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		rs := publish.ResourceSlices("bench-node", built)
+		rs := n.Slices
 		objects, bytes, devices = len(rs), 0, 0
 		for _, s := range rs {
 			data, err := json.Marshal(s)
