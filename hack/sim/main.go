@@ -17,6 +17,7 @@ import (
 
 	"github.com/tessera-dev/tessera/hack/internal/sim"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/snapshot"
 	"github.com/tessera-dev/tessera/pkg/control/whatif"
 )
 
@@ -87,7 +88,7 @@ func replaySnapshot(path string) error {
 		return err
 	}
 	defer f.Close()
-	st, err := whatif.Load(f)
+	st, err := snapshot.Load(f)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}

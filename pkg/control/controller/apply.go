@@ -118,7 +118,7 @@ func (a *Reconciler) apply(ctx context.Context, snap *decide.Snapshot, d *decide
 			if !decide.HasAdmissionGate(p) {
 				continue
 			}
-			if c := podCondition(p); c != nil && c.Status == corev1.ConditionFalse && c.Reason == v.Reason && c.Message == v.Message {
+			if c := decide.AdmissionCondition(p); c != nil && c.Status == corev1.ConditionFalse && c.Reason == v.Reason && c.Message == v.Message {
 				continue // already says so
 			}
 			jobs = append(jobs, job{p, v})
@@ -346,10 +346,6 @@ func chargeOf(ad *decide.Admission, p *corev1.Pod) string {
 		return ""
 	}
 	return decide.FormatCharge(v)
-}
-
-func podCondition(p *corev1.Pod) *corev1.PodCondition {
-	return findCondition(p, v1alpha1.AdmissionCondition)
 }
 
 // setCondition writes the admission condition with a strategic merge patch

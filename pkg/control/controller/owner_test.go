@@ -48,7 +48,7 @@ func TestCanaryOwnership(t *testing.T) {
 		named(decidetest.Queue("exp", "", "80Gi", "80Gi"), "canary"),
 		decidetest.Node("n1"),
 		// The main controller's running pod holds 40Gi of the one GPU.
-		ungated(decidetest.Pod("ns", "run-prod", decidetest.PodOptions{Queue: "prod-a", Claims: []string{"run-prod-gpu"}, Created: t0})),
+		decidetest.Admitted(decidetest.Pod("ns", "run-prod", decidetest.PodOptions{Queue: "prod-a", Claims: []string{"run-prod-gpu"}, Created: t0})),
 		decidetest.Claim("ns", "run-prod-gpu", decidetest.Request{Memory: "40Gi"}),
 		decidetest.Pod("ns", "g-prod", decidetest.PodOptions{Queue: "prod-a", Claims: []string{"g-prod-gpu"}, Gated: true, Created: t0}),
 		decidetest.Claim("ns", "g-prod-gpu", decidetest.Request{Memory: "10Gi"}),
@@ -103,7 +103,7 @@ func TestCanaryOwnership(t *testing.T) {
 	if p := pod("g-exp"); decide.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != "canary" {
 		t.Errorf("g-exp: gates %v, annotations %v; want it admitted by canary", p.Spec.SchedulingGates, p.Annotations)
 	}
-	if c := podCondition(pod("g-exp-big")); c == nil || c.Reason != decide.ReasonDoesNotFit {
+	if c := decide.AdmissionCondition(pod("g-exp-big")); c == nil || c.Reason != decide.ReasonDoesNotFit {
 		t.Errorf("g-exp-big does not fit beside the main controller's running pod; condition %+v", c)
 	}
 	for _, n := range []string{"g-prod", "g-split"} {
@@ -179,7 +179,7 @@ func TestCanaryOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p := pod("g-exp2"); decide.HasAdmissionGate(p) || p.Annotations[v1alpha1.AdmittedByAnnotation] != v1alpha1.DefaultControllerName {
-		t.Errorf("g-exp2 after the rollback: gates %v, annotations %v, condition %+v; want it admitted by the main controller", p.Spec.SchedulingGates, p.Annotations, podCondition(p))
+		t.Errorf("g-exp2 after the rollback: gates %v, annotations %v, condition %+v; want it admitted by the main controller", p.Spec.SchedulingGates, p.Annotations, decide.AdmissionCondition(p))
 	}
 	if written(mw)["ns/g-exp"] {
 		t.Error("the main controller wrote to the running pod the canary admitted")

@@ -205,7 +205,7 @@ func (a *Reconciler) recoverStalePins(ctx context.Context, pods *corev1.PodList)
 		}
 		if !a.Opts.ReplaceStalePins {
 			msg := fmt.Sprintf("Stale pin: %s; not replaced (--replace-stale-pins=false): delete the pod to queue it again", s.message)
-			if c := podCondition(p); c != nil && c.Reason == ReasonStalePin && c.Message == msg {
+			if c := decide.AdmissionCondition(p); c != nil && c.Reason == ReasonStalePin && c.Message == msg {
 				return
 			}
 			a.setCondition(ctx, p, corev1.ConditionFalse, ReasonStalePin, msg, now)

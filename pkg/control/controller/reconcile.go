@@ -17,6 +17,8 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/shadow"
+	"github.com/tessera-dev/tessera/pkg/control/snapshot"
 )
 
 // Reconciler runs admission cycles and applies their decisions. Every event
@@ -31,7 +33,7 @@ type Reconciler struct {
 	Opts     Options
 	// Shadow, when set, makes this a shadow controller (shadow.go): cycles
 	// decide and compare; nothing is applied.
-	Shadow *Shadow
+	Shadow *shadow.Tracker
 	// Evictions, when set, makes reclaim's evictions (evict.go); nil:
 	// through Client, with client-go's retries.
 	Evictions *Evictions
@@ -69,11 +71,10 @@ type Reconciler struct {
 func reuse[T any, P interface {
 	*T
 	metav1.Object
-}](prev map[types.UID]P, items []T) ([]P, map[types.UID]P) {
+}](prev map[types.UID]P, items []P) ([]P, map[types.UID]P) {
 	out := make([]P, 0, len(items))
 	next := make(map[types.UID]P, len(items))
-	for i := range items {
-		o := P(&items[i])
+	for _, o := range items {
 		if p, ok := prev[o.GetUID()]; ok && o.GetResourceVersion() != "" && p.GetResourceVersion() == o.GetResourceVersion() {
 			o = p
 		}
@@ -253,66 +254,17 @@ func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 }
 
 func (a *Reconciler) snapshot(ctx context.Context) (*decide.Snapshot, error) {
-	fast := client.UnsafeDisableDeepCopy
-	var (
-		queues    v1alpha1.QueueList
-		pods      corev1.PodList
-		claims    resourceapi.ResourceClaimList
-		templates resourceapi.ResourceClaimTemplateList
-		slices    resourceapi.ResourceSliceList
-		classes   resourceapi.DeviceClassList
-		nodes     corev1.NodeList
-	)
-	for _, l := range []client.ObjectList{&queues, &claims, &templates, &slices, &classes, &nodes} {
-		if err := a.Reader.List(ctx, l, fast); err != nil {
-			return nil, fmt.Errorf("listing %T: %w", l, err)
-		}
-	}
-	if err := a.Reader.List(ctx, &pods, fast, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
-		return nil, fmt.Errorf("listing pods: %w", err)
-	}
-	s := &decide.Snapshot{}
-	for i := range queues.Items {
-		s.Queues = append(s.Queues, &queues.Items[i])
+	// The cache's objects are never modified here: no copies. The engine
+	// lists the DeviceTaintRules itself (Config.TaintRules).
+	s, err := snapshot.Read(ctx, a.Reader, snapshot.Options{List: []client.ListOption{client.UnsafeDisableDeepCopy}, NoTaintRules: true})
+	if err != nil {
+		return nil, err
 	}
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	now := time.Now()
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if m, ok := a.ungated[p.UID]; ok {
-			if !decide.HasAdmissionGate(p) || now.Sub(m.at) > memoTTL {
-				delete(a.ungated, p.UID)
-			} else {
-				// Not in the cache yet: decide on what was written.
-				c := p.DeepCopy()
-				c.Spec.SchedulingGates = nil
-				for _, g := range p.Spec.SchedulingGates {
-					if g.Name != v1alpha1.AdmissionGate {
-						c.Spec.SchedulingGates = append(c.Spec.SchedulingGates, g)
-					}
-				}
-				if c.Annotations == nil {
-					c.Annotations = map[string]string{}
-				}
-				for k, v := range m.annotations {
-					c.Annotations[k] = v
-				}
-				p = c
-			}
-		}
-		if m, ok := a.evicted[p.UID]; ok {
-			if p.DeletionTimestamp != nil || now.Sub(m.at) > memoTTL {
-				delete(a.evicted, p.UID)
-			} else {
-				// Deleted with m.grace: its deadline, as the API server
-				// sets it.
-				c := p.DeepCopy()
-				t := metav1.NewTime(m.at.Add(m.grace))
-				c.DeletionTimestamp = &t
-				p = c
-			}
-		}
-		s.Pods = append(s.Pods, p)
+	for i, p := range s.Pods {
+		s.Pods[i] = a.written(p, now)
 		if r, ok := a.refused[p.UID]; ok {
 			if s.Refused == nil {
 				s.Refused = map[types.UID]decide.Refusal{}
@@ -328,31 +280,48 @@ func (a *Reconciler) snapshot(ctx context.Context) (*decide.Snapshot, error) {
 		}
 	}
 	s.Now = now
-	a.mu.Unlock()
-	for i := range claims.Items {
-		s.Claims = append(s.Claims, &claims.Items[i])
-	}
-	for i := range templates.Items {
-		s.Templates = append(s.Templates, &templates.Items[i])
-	}
-	a.mu.Lock()
-	s.Slices, a.slices = reuse(a.slices, slices.Items)
-	s.Classes, a.classes = reuse(a.classes, classes.Items)
-	a.mu.Unlock()
-	for i := range nodes.Items {
-		s.Nodes = append(s.Nodes, &nodes.Items[i])
-	}
-	// Every namespace: queues' namespaceSelectors are matched at admission;
-	// managed namespaces' unqueued pods (pods that ran before the label)
-	// are charged to the namespace's queue.
-	var namespaces corev1.NamespaceList
-	if err := a.Reader.List(ctx, &namespaces, fast); err != nil {
-		return nil, fmt.Errorf("listing namespaces: %w", err)
-	}
-	for i := range namespaces.Items {
-		s.Namespaces = append(s.Namespaces, &namespaces.Items[i])
-	}
+	// Unchanged slices and classes keep last cycle's pointers: the
+	// engine's cache knows them by identity.
+	s.Slices, a.slices = reuse(a.slices, s.Slices)
+	s.Classes, a.classes = reuse(a.classes, s.Classes)
 	return s, nil
+}
+
+// written is p as this controller last wrote it where the cache does not
+// show that write yet (an ungating, an eviction); a.mu is held.
+func (a *Reconciler) written(p *corev1.Pod, now time.Time) *corev1.Pod {
+	if m, ok := a.ungated[p.UID]; ok {
+		if !decide.HasAdmissionGate(p) || now.Sub(m.at) > memoTTL {
+			delete(a.ungated, p.UID)
+		} else {
+			c := p.DeepCopy()
+			c.Spec.SchedulingGates = nil
+			for _, g := range p.Spec.SchedulingGates {
+				if g.Name != v1alpha1.AdmissionGate {
+					c.Spec.SchedulingGates = append(c.Spec.SchedulingGates, g)
+				}
+			}
+			if c.Annotations == nil {
+				c.Annotations = map[string]string{}
+			}
+			for k, v := range m.annotations {
+				c.Annotations[k] = v
+			}
+			p = c
+		}
+	}
+	if m, ok := a.evicted[p.UID]; ok {
+		if p.DeletionTimestamp != nil || now.Sub(m.at) > memoTTL {
+			delete(a.evicted, p.UID)
+		} else {
+			// Deleted with m.grace: its deadline, as the API server sets it.
+			c := p.DeepCopy()
+			t := metav1.NewTime(m.at.Add(m.grace))
+			c.DeletionTimestamp = &t
+			p = c
+		}
+	}
+	return p
 }
 
 // decide runs the engine on snap and records the cycle (its time and
@@ -401,7 +370,7 @@ func (a *Reconciler) refreshStatus(ctx context.Context) error {
 // shadowCycle decides with the shadow's queues and compares; it applies
 // nothing (see Shadow).
 func (a *Reconciler) shadowCycle(ctx context.Context, snap *decide.Snapshot, trigger string) (reconcile.Result, error) {
-	snap.Queues = a.Shadow.queues(snap.Queues)
+	snap.Queues = a.Shadow.WithQueues(snap.Queues)
 	own(snap, a.Opts.ControllerName)
 	d, err := a.decide(ctx, snap, trigger)
 	if err != nil {

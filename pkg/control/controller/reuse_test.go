@@ -9,13 +9,13 @@ import (
 )
 
 func TestReuseKeepsUnchangedObjects(t *testing.T) {
-	slice := func(uid, rv string) resourceapi.ResourceSlice {
-		return resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: uid, UID: types.UID(uid), ResourceVersion: rv}}
+	slice := func(uid, rv string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: uid, UID: types.UID(uid), ResourceVersion: rv}}
 	}
-	first, prev := reuse(nil, []resourceapi.ResourceSlice{slice("a", "1"), slice("b", "1"), slice("c", "")})
+	first, prev := reuse(nil, []*resourceapi.ResourceSlice{slice("a", "1"), slice("b", "1"), slice("c", "")})
 	tests := []struct {
 		name string
-		item resourceapi.ResourceSlice
+		item *resourceapi.ResourceSlice
 		same bool
 	}{
 		{"unchanged", slice("a", "1"), true},
@@ -25,7 +25,7 @@ func TestReuseKeepsUnchangedObjects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, next := reuse(prev, []resourceapi.ResourceSlice{tt.item})
+			got, next := reuse(prev, []*resourceapi.ResourceSlice{tt.item})
 			same := false
 			for _, p := range first {
 				same = same || p == got[0]

@@ -80,6 +80,17 @@ func (w *Workload) DescribeTo(reader string) string {
 // Leaf is the workload's queue, nil when it has none.
 func (w *Workload) Leaf() *queue.Queue { return w.leaf }
 
+// AdmissionCondition is the pod's admission condition (nil: none
+// written yet).
+func AdmissionCondition(p *corev1.Pod) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == v1alpha1.AdmissionCondition {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
 // HasAdmissionGate says whether the pod still waits for admission.
 func HasAdmissionGate(p *corev1.Pod) bool {
 	for _, g := range p.Spec.SchedulingGates {

@@ -47,7 +47,7 @@ type Change struct {
 
 // Apply returns the state with the change made (the input is not
 // modified) and the pods the change removes (bound to removed nodes).
-func (c Change) Apply(ctx context.Context, s *State) (*State, []*corev1.Pod, error) {
+func (c Change) Apply(ctx context.Context, s *decide.Snapshot) (*decide.Snapshot, []*corev1.Pod, error) {
 	out := *s
 	if len(c.Queues) > 0 {
 		out.Queues = WithQueues(s.Queues, c.Queues)

@@ -37,8 +37,8 @@ type Result struct {
 // Decide runs one admission cycle on the state with a fresh engine (the
 // reservations of admitted but unallocated claims rebuilt from the state,
 // as a restarted controller does).
-func Decide(ctx context.Context, s *State, cfg decide.Config) (*Result, error) {
-	d, err := decide.NewEngine(cfg).Decide(ctx, s.Snapshot())
+func Decide(ctx context.Context, s *decide.Snapshot, cfg decide.Config) (*Result, error) {
+	d, err := decide.NewEngine(cfg).Decide(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +72,7 @@ type Comparison struct {
 }
 
 // Run decides the state as it is (with before) and with the change.
-func Run(ctx context.Context, s *State, before decide.Config, c Change) (*Comparison, error) {
+func Run(ctx context.Context, s *decide.Snapshot, before decide.Config, c Change) (*Comparison, error) {
 	b, err := Decide(ctx, s, before)
 	if err != nil {
 		return nil, fmt.Errorf("before: %w", err)

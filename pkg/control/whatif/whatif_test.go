@@ -16,11 +16,12 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/pkg/control/snapshot"
 )
 
 // cluster: node n1 with one H100 (80GB), queue team-a limited to 50Gi of
 // GPU memory, two gated pods of team-a asking 30Gi each (a then b).
-func cluster(t *testing.T) *State {
+func cluster(t *testing.T) *decide.Snapshot {
 	t.Helper()
 	slices, err := decidetest.NodeSlices("n1", decidetest.NodeOptions{Profile: "h100-80gb:1"})
 	if err != nil {
@@ -28,16 +29,16 @@ func cluster(t *testing.T) *State {
 	}
 	t0 := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	t1 := metav1.NewTime(t0.Add(time.Second))
-	return &State{
+	return &decide.Snapshot{
 		Queues:    []*v1alpha1.Queue{decidetest.Queue("team-a", "", "50Gi", "50Gi")},
-		Templates: []*resourceClaimTemplate{decidetest.Template("ns", "gpu30", decidetest.Request{Memory: "30Gi"})},
-		Pods: []*podT{
+		Templates: []*resourceapi.ResourceClaimTemplate{decidetest.Template("ns", "gpu30", decidetest.Request{Memory: "30Gi"})},
+		Pods: []*corev1.Pod{
 			decidetest.Pod("ns", "a", decidetest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t0}),
 			decidetest.Pod("ns", "b", decidetest.PodOptions{Queue: "team-a", Templates: []string{"gpu30"}, Gated: true, Created: t1}),
 		},
 		Slices:  slices,
 		Classes: decidetest.Classes(),
-		Nodes:   []*nodeT{decidetest.Node("n1")},
+		Nodes:   []*corev1.Node{decidetest.Node("n1")},
 	}
 }
 
@@ -138,12 +139,12 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	s := cluster(t)
 	var objs []client.Object
-	for _, o := range s.Objects() {
+	for _, o := range snapshot.Objects(s) {
 		o.SetResourceVersion("")
 		objs = append(objs, o)
 	}
-	c := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(objs...).Build()
-	read, err := Read(ctx, c)
+	c := fake.NewClientBuilder().WithScheme(snapshot.Scheme()).WithObjects(objs...).Build()
+	read, err := snapshot.Read(ctx, c, snapshot.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,15 +152,15 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("read %d pods, %d queues, %d slices, %d classes", len(read.Pods), len(read.Queues), len(read.Slices), len(read.Classes))
 	}
 	var buf bytes.Buffer
-	if err := read.Write(&buf); err != nil {
+	if err := snapshot.Write(&buf, read); err != nil {
 		t.Fatal(err)
 	}
-	loaded, err := Load(&buf)
+	loaded, err := snapshot.Load(&buf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(loaded.Objects()) != len(read.Objects()) {
-		t.Fatalf("loaded %d objects, saved %d", len(loaded.Objects()), len(read.Objects()))
+	if len(snapshot.Objects(loaded)) != len(snapshot.Objects(read)) {
+		t.Fatalf("loaded %d objects, saved %d", len(snapshot.Objects(loaded)), len(snapshot.Objects(read)))
 	}
 	a, err := Decide(ctx, read, decide.DefaultConfig())
 	if err != nil {
@@ -174,13 +175,4 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			t.Errorf("%s: live %+v, loaded %+v", k, o, b.Outcomes[k])
 		}
 	}
-	if _, err := Load(strings.NewReader("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")); err == nil {
-		t.Error("a ConfigMap loaded as part of a snapshot")
-	}
 }
-
-type (
-	podT                  = corev1.Pod
-	nodeT                 = corev1.Node
-	resourceClaimTemplate = resourceapi.ResourceClaimTemplate
-)

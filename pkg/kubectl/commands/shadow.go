@@ -8,7 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/tessera-dev/tessera/pkg/control/whatif"
+	"github.com/tessera-dev/tessera/pkg/control/shadow"
 )
 
 func newShadowCommand(o *Options, s Streams) *cobra.Command {
@@ -38,7 +38,7 @@ the shadow keeps), other-reason (both hold it, for different reasons).`,
 			if err != nil {
 				return err
 			}
-			r, err := whatif.ParseShadowReport(data)
+			r, err := shadow.Parse(data)
 			if err != nil {
 				return err
 			}

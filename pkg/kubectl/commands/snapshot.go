@@ -4,7 +4,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tessera-dev/tessera/pkg/control/whatif"
+	"github.com/tessera-dev/tessera/pkg/control/snapshot"
 )
 
 // reader is a client for the flags' cluster that knows Tessera's kinds.
@@ -13,7 +13,7 @@ func (o *Options) reader() (client.Client, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	c, err := client.New(cfg, client.Options{Scheme: whatif.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: snapshot.Scheme()})
 	return c, ns, err
 }
 
@@ -36,11 +36,11 @@ like the cluster's own data.`,
 			if err != nil {
 				return err
 			}
-			st, err := whatif.Read(cmd.Context(), c)
+			st, err := snapshot.Read(cmd.Context(), c, snapshot.Options{})
 			if err != nil {
 				return err
 			}
-			return st.Write(s.Out)
+			return snapshot.Write(s.Out, st)
 		},
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/snapshot"
 	"github.com/tessera-dev/tessera/pkg/control/whatif"
 	"github.com/tessera-dev/tessera/pkg/gpu/nodeslices"
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
@@ -81,13 +82,13 @@ is written to the cluster.`,
 				}
 				change.Config = &cfg
 			}
-			var st *whatif.State
+			var st *decide.Snapshot
 			if from != "" {
 				f, err := os.Open(from)
 				if err != nil {
 					return err
 				}
-				st, err = whatif.Load(f)
+				st, err = snapshot.Load(f)
 				f.Close()
 				if err != nil {
 					return fmt.Errorf("--from %s: %w", from, err)
@@ -97,7 +98,7 @@ is written to the cluster.`,
 				if err != nil {
 					return err
 				}
-				if st, err = whatif.Read(ctx, c); err != nil {
+				if st, err = snapshot.Read(ctx, c, snapshot.Options{}); err != nil {
 					return err
 				}
 			}

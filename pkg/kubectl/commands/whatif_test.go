@@ -15,8 +15,10 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
-	"github.com/tessera-dev/tessera/pkg/control/whatif"
+	"github.com/tessera-dev/tessera/pkg/control/shadow"
+	"github.com/tessera-dev/tessera/pkg/control/snapshot"
 )
 
 // what-if --from a saved snapshot: a higher limit starts the gated pod the
@@ -27,7 +29,7 @@ func TestWhatIfFromSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	st := &whatif.State{
+	st := &decide.Snapshot{
 		Queues:    []*v1alpha1.Queue{decidetest.Queue("team-a", "", "50Gi", "50Gi")},
 		Templates: []*resourceapi.ResourceClaimTemplate{decidetest.Template("ns", "gpu30", decidetest.Request{Memory: "30Gi"})},
 		Pods: []*corev1.Pod{
@@ -38,7 +40,7 @@ func TestWhatIfFromSnapshot(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var buf bytes.Buffer
-	if err := st.Write(&buf); err != nil {
+	if err := snapshot.Write(&buf, st); err != nil {
 		t.Fatal(err)
 	}
 	state := filepath.Join(dir, "state.yaml")
@@ -78,20 +80,20 @@ func TestWhatIfFromSnapshot(t *testing.T) {
 
 func TestShadowReportLookup(t *testing.T) {
 	ctx := t.Context()
-	var rep whatif.ShadowReport
-	rep.Add(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), []whatif.Difference{{Kind: whatif.WouldAdmit, Queue: "team-a", Workload: "ns/b", Shadow: "admit", Active: "holds it: QueueLimit"}})
+	var rep shadow.Report
+	rep.Add(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), []shadow.Difference{{Kind: shadow.WouldAdmit, Queue: "team-a", Workload: "ns/b", Shadow: "admit", Active: "holds it: QueueLimit"}})
 	data, err := rep.Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "tessera", Name: "r", Labels: map[string]string{"app.kubernetes.io/component": "shadow-report"}},
-		Data: map[string]string{whatif.ShadowReportKey: data}}
+		Data: map[string]string{shadow.ReportKey: data}}
 	c := fake.NewClientset(cm)
 	got, err := shadowReport(ctx, c, "tessera", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := whatif.ParseShadowReport(got)
+	r, err := shadow.Parse(got)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -179,3 +179,32 @@ func Queue(name, parent, memQuota, memLimit string) *v1alpha1.Queue {
 	q.Spec.Resources = map[v1alpha1.ResourceName]v1alpha1.QueueResource{v1alpha1.ResourceGPUMemory: r}
 	return q
 }
+
+// Admitted is p as the controller leaves an admitted pod: ungated, with
+// its admission time.
+func Admitted(p *corev1.Pod) *corev1.Pod {
+	p.Spec.SchedulingGates = nil
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[v1alpha1.AdmittedAtAnnotation] = "2026-01-01T00:00:00Z"
+	return p
+}
+
+// WithCondition gives p the admission condition with reason (true for
+// Admitted, false otherwise) and the message "m-<reason>".
+func WithCondition(p *corev1.Pod, reason string) *corev1.Pod {
+	status := corev1.ConditionFalse
+	if reason == "Admitted" {
+		status = corev1.ConditionTrue
+	}
+	p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: v1alpha1.AdmissionCondition, Status: status, Reason: reason, Message: "m-" + reason})
+	return p
+}
+
+// Terminating is p deleted now.
+func Terminating(p *corev1.Pod) *corev1.Pod {
+	t := metav1.Now()
+	p.DeletionTimestamp = &t
+	return p
+}

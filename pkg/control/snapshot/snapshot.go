@@ -1,10 +1,8 @@
-// Package whatif runs the admission engine (pkg/control/decide) on the state of
-// a live cluster, or on a saved copy of it, with and without a change
-// (new queues, added or removed nodes, other decision flags), and says per
-// queue what would start, wait and be reclaimed before and after. It also
-// holds the shadow controller's report format, which the controller writes
-// and `kubectl tessera shadow` reads.
-package whatif
+// Package snapshot reads, writes and loads what one admission cycle
+// decides on (decide.Snapshot): the controller takes it from its informer
+// cache every cycle, kubectl-tessera from the API server (`kubectl tessera
+// snapshot`, `what-if`), what-if and the simulator load it from a file.
+package snapshot
 
 import (
 	"bufio"
@@ -12,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -28,21 +25,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 )
 
-// State is what one admission cycle reads: the same lists the controller
-// takes its snapshot from (pkg/control/controller's snapshot), all namespaces.
-type State struct {
-	Queues     []*v1alpha1.Queue
-	Pods       []*corev1.Pod
-	Claims     []*resourceapi.ResourceClaim
-	Templates  []*resourceapi.ResourceClaimTemplate
-	Slices     []*resourceapi.ResourceSlice
-	Classes    []*resourceapi.DeviceClass
-	Nodes      []*corev1.Node
-	Namespaces []*corev1.Namespace
-	TaintRules []*resourceapi.DeviceTaintRule
-}
-
-// Scheme knows every kind a State holds.
+// Scheme knows every kind a snapshot holds.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
@@ -54,10 +37,22 @@ func Scheme() *runtime.Scheme {
 	return s
 }
 
-// Read lists the state from the API (a controller-runtime client or
-// reader; a fake one in tests). DeviceTaintRules are optional: an API
-// server that does not serve them gives none.
-func Read(ctx context.Context, r client.Reader) (*State, error) {
+// Options tune Read.
+type Options struct {
+	// List apply to every list (client.UnsafeDisableDeepCopy for a
+	// reader over an informer cache whose objects nobody modifies).
+	List []client.ListOption
+	// NoTaintRules leaves DeviceTaintRules out (TaintRules nil): the
+	// engine's Config.TaintRules lists them (the controller).
+	NoTaintRules bool
+}
+
+// Read lists a snapshot from the API (a controller-runtime client, or a
+// reader over an informer cache; a fake one in tests): the queues, the
+// pods labelled with a queue, every claim, template, slice, class, node
+// and namespace, and the DeviceTaintRules (none where the API server does
+// not serve them).
+func Read(ctx context.Context, r client.Reader, o Options) (*decide.Snapshot, error) {
 	var (
 		queues     v1alpha1.QueueList
 		pods       corev1.PodList
@@ -67,27 +62,31 @@ func Read(ctx context.Context, r client.Reader) (*State, error) {
 		classes    resourceapi.DeviceClassList
 		nodes      corev1.NodeList
 		namespaces corev1.NamespaceList
-		rules      resourceapi.DeviceTaintRuleList
 	)
-	for _, l := range []client.ObjectList{&queues, &claims, &templates, &slices, &classes, &nodes} {
-		if err := r.List(ctx, l); err != nil {
+	for _, l := range []client.ObjectList{&queues, &claims, &templates, &slices, &classes, &nodes, &namespaces} {
+		if err := r.List(ctx, l, o.List...); err != nil {
 			return nil, fmt.Errorf("listing %T: %w", l, err)
 		}
 	}
-	if err := r.List(ctx, &pods, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+	if err := r.List(ctx, &pods, append([]client.ListOption{client.HasLabels{v1alpha1.QueueLabel}}, o.List...)...); err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
-	if err := r.List(ctx, &namespaces); err != nil {
-		return nil, fmt.Errorf("listing namespaces: %w", err)
+	s := &decide.Snapshot{
+		Queues: ptrs(queues.Items), Pods: ptrs(pods.Items), Claims: ptrs(claims.Items), Templates: ptrs(templates.Items),
+		Slices: ptrs(slices.Items), Classes: ptrs(classes.Items), Nodes: ptrs(nodes.Items), Namespaces: ptrs(namespaces.Items),
 	}
-	s := &State{}
-	if err := r.List(ctx, &rules); err == nil {
+	if o.NoTaintRules {
+		return s, nil
+	}
+	var rules resourceapi.DeviceTaintRuleList
+	switch err := r.List(ctx, &rules, o.List...); {
+	case err == nil:
 		s.TaintRules = ptrs(rules.Items)
-	} else if !meta.IsNoMatchError(err) && !isNotServed(err) {
+	case meta.IsNoMatchError(err) || isNotServed(err):
+		s.TaintRules = []*resourceapi.DeviceTaintRule{}
+	default:
 		return nil, fmt.Errorf("listing DeviceTaintRules: %w", err)
 	}
-	s.Queues, s.Pods, s.Claims, s.Templates = ptrs(queues.Items), ptrs(pods.Items), ptrs(claims.Items), ptrs(templates.Items)
-	s.Slices, s.Classes, s.Nodes, s.Namespaces = ptrs(slices.Items), ptrs(classes.Items), ptrs(nodes.Items), ptrs(namespaces.Items)
 	return s, nil
 }
 
@@ -104,19 +103,8 @@ func ptrs[T any](items []T) []*T {
 	return out
 }
 
-// Snapshot is the admission engine's view of the state (shared objects:
-// the engine does not modify them).
-func (s *State) Snapshot() *decide.Snapshot {
-	snap := &decide.Snapshot{Queues: s.Queues, Pods: s.Pods, Claims: s.Claims, Templates: s.Templates,
-		Slices: s.Slices, Classes: s.Classes, Nodes: s.Nodes, Namespaces: s.Namespaces, TaintRules: s.TaintRules}
-	if snap.TaintRules == nil {
-		snap.TaintRules = []*resourceapi.DeviceTaintRule{}
-	}
-	return snap
-}
-
-// Objects lists every object of the state, kinds in a fixed order.
-func (s *State) Objects() []client.Object {
+// Objects lists every object of the snapshot, kinds in a fixed order.
+func Objects(s *decide.Snapshot) []client.Object {
 	var out []client.Object
 	out = appendObjects(out, s.Namespaces)
 	out = appendObjects(out, s.Queues)
@@ -136,11 +124,11 @@ func appendObjects[T client.Object](out []client.Object, items []T) []client.Obj
 	return out
 }
 
-// Write saves the state as a multi-document YAML stream (apiVersion and
+// Write saves the snapshot as a multi-document YAML stream (apiVersion and
 // kind set, managedFields dropped), which Load reads back.
-func (s *State) Write(w io.Writer) error {
+func Write(w io.Writer, s *decide.Snapshot) error {
 	scheme := Scheme()
-	for i, o := range s.Objects() {
+	for i, o := range Objects(s) {
 		c := o.DeepCopyObject().(client.Object)
 		gvks, _, err := scheme.ObjectKinds(c)
 		if err != nil {
@@ -164,23 +152,23 @@ func (s *State) Write(w io.Writer) error {
 	return nil
 }
 
-// Load reads a state Write saved (or any YAML stream or List of those
+// Load reads a snapshot Write saved (or any YAML stream or List of those
 // kinds; other kinds are an error naming them).
-func Load(r io.Reader) (*State, error) {
+func Load(r io.Reader) (*decide.Snapshot, error) {
 	objs, err := Decode(r)
 	if err != nil {
 		return nil, err
 	}
-	s := &State{}
+	s := &decide.Snapshot{TaintRules: []*resourceapi.DeviceTaintRule{}}
 	for _, o := range objs {
-		if err := s.add(o); err != nil {
+		if err := add(s, o); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
 }
 
-func (s *State) add(o runtime.Object) error {
+func add(s *decide.Snapshot, o runtime.Object) error {
 	switch o := o.(type) {
 	case *v1alpha1.Queue:
 		s.Queues = append(s.Queues, o)
@@ -264,45 +252,4 @@ func trimSpace(b []byte) []byte {
 		rest = trimSpace(rest[min(j, len(rest)):])
 	}
 	return rest
-}
-
-// ReadQueues reads Queue objects (a YAML stream or List) for a change.
-func ReadQueues(r io.Reader) ([]*v1alpha1.Queue, error) {
-	objs, err := Decode(r)
-	if err != nil {
-		return nil, err
-	}
-	var out []*v1alpha1.Queue
-	for _, o := range objs {
-		q, ok := o.(*v1alpha1.Queue)
-		if !ok {
-			return nil, fmt.Errorf("%s is not a Queue", o.GetObjectKind().GroupVersionKind().Kind)
-		}
-		out = append(out, q)
-	}
-	return out, nil
-}
-
-// WithQueues returns the queues with the given ones replacing those of the
-// same name, and added where new; sorted by name.
-func WithQueues(current, changed []*v1alpha1.Queue) []*v1alpha1.Queue {
-	byName := map[string]*v1alpha1.Queue{}
-	for _, q := range current {
-		byName[q.Name] = q
-	}
-	for _, q := range changed {
-		c := q.DeepCopy()
-		if old, ok := byName[q.Name]; ok {
-			// The status (what the queue holds) stays the cluster's.
-			c.Status = *old.Status.DeepCopy()
-			c.UID = old.UID
-		}
-		byName[q.Name] = c
-	}
-	out := make([]*v1alpha1.Queue, 0, len(byName))
-	for _, q := range byName {
-		out = append(out, q)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
 }

@@ -1,4 +1,19 @@
-package whatif
+// Package shadow compares a shadow controller's decisions with what the
+// active controller did, as the pods show it, and keeps the report
+// (--shadow; `kubectl tessera shadow` reads it):
+//   - a workload the shadow admitted in its previous cycle that is still
+//     gated now: would-admit (the active controller holds it);
+//   - a workload the shadow held that the active controller ungated since:
+//     would-hold;
+//   - a workload the shadow would evict that still runs: would-reclaim;
+//   - a workload the active controller evicted (its condition says
+//     Reclaimed or OverLimit) that the shadow would keep: would-keep;
+//   - both hold a workload, for different reasons: other-reason.
+//
+// Comparing the shadow's previous decision with the pods' state now gives
+// the active controller a cycle's time to act; the first cycle reports
+// nothing. A difference is reported once per workload until it goes away.
+package shadow
 
 import (
 	"encoding/json"
@@ -30,11 +45,11 @@ const (
 // DifferenceKinds in the order reports show them.
 var DifferenceKinds = []string{WouldAdmit, WouldHold, WouldReclaim, WouldKeep, OtherReason}
 
-// ShadowReportKey is the key of the report in the shadow's ConfigMap.
-const ShadowReportKey = "report.json"
+// ReportKey is the key of the report in the shadow's ConfigMap.
+const ReportKey = "report.json"
 
-// MaxShadowEntries bounds the differences a report keeps (newest first).
-const MaxShadowEntries = 200
+// MaxEntries bounds the differences a report keeps (newest first).
+const MaxEntries = 200
 
 // Difference is one workload the shadow decided otherwise.
 type Difference struct {
@@ -49,8 +64,8 @@ type Difference struct {
 	Active string `json:"active"`
 }
 
-// ShadowReport is what the shadow controller keeps in its ConfigMap.
-type ShadowReport struct {
+// Report is what the shadow controller keeps in its ConfigMap.
+type Report struct {
 	Updated time.Time `json:"updated"`
 	// Cycles counts the shadow's cycles since it started; Totals its
 	// differences by kind since it started.
@@ -58,14 +73,14 @@ type ShadowReport struct {
 	Totals map[string]int64 `json:"totals"`
 	// Last is the differences of the last cycle by kind.
 	Last map[string]int `json:"last"`
-	// Entries are the newest differences first, at most MaxShadowEntries.
+	// Entries are the newest differences first, at most MaxEntries.
 	Entries []Difference `json:"entries"`
 	// Settings describe the shadow (its version and decision flags).
 	Settings string `json:"settings,omitempty"`
 }
 
 // Add records a cycle's differences (newest first, bounded).
-func (r *ShadowReport) Add(now time.Time, diffs []Difference) {
+func (r *Report) Add(now time.Time, diffs []Difference) {
 	r.Updated = now
 	r.Cycles++
 	if r.Totals == nil {
@@ -79,33 +94,33 @@ func (r *ShadowReport) Add(now time.Time, diffs []Difference) {
 	newest := append([]Difference(nil), diffs...)
 	sort.SliceStable(newest, func(i, j int) bool { return newest[i].Workload < newest[j].Workload })
 	r.Entries = append(newest, r.Entries...)
-	if len(r.Entries) > MaxShadowEntries {
-		r.Entries = r.Entries[:MaxShadowEntries]
+	if len(r.Entries) > MaxEntries {
+		r.Entries = r.Entries[:MaxEntries]
 	}
 }
 
 // Marshal is the report as the ConfigMap stores it.
-func (r *ShadowReport) Marshal() (string, error) {
+func (r *Report) Marshal() (string, error) {
 	data, err := json.Marshal(r)
 	return string(data), err
 }
 
-// ParseShadowReport reads a report from its ConfigMap data.
-func ParseShadowReport(data map[string]string) (*ShadowReport, error) {
-	r := &ShadowReport{}
-	s, ok := data[ShadowReportKey]
+// Parse reads a report from its ConfigMap data.
+func Parse(data map[string]string) (*Report, error) {
+	r := &Report{}
+	s, ok := data[ReportKey]
 	if !ok {
-		return nil, fmt.Errorf("no %s in the shadow's ConfigMap (has the shadow run a cycle?)", ShadowReportKey)
+		return nil, fmt.Errorf("no %s in the shadow's ConfigMap (has the shadow run a cycle?)", ReportKey)
 	}
 	if err := json.Unmarshal([]byte(s), r); err != nil {
-		return nil, fmt.Errorf("%s: %w", ShadowReportKey, err)
+		return nil, fmt.Errorf("%s: %w", ReportKey, err)
 	}
 	return r, nil
 }
 
 // Print writes the report as a readable diff, newest first: "+" what the
 // shadow would do, "-" what the active controller did.
-func (r *ShadowReport) Print(w io.Writer, limit int) {
+func (r *Report) Print(w io.Writer, limit int) {
 	fmt.Fprintf(w, "Shadow controller: %d cycles, last at %s\n", r.Cycles, r.Updated.Format(time.RFC3339))
 	if r.Settings != "" {
 		fmt.Fprintf(w, "Settings: %s\n", r.Settings)
