@@ -204,9 +204,9 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		if _, err := mgr.GetCache().GetInformer(ctx, &corev1.Namespace{}); err != nil {
 			return nil, fmt.Errorf("namespace informer: %w", err)
 		}
-		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: decoder, Reader: webhook.CacheFirst(mgr.GetCache(), direct)}})
-		whServer.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: &webhook.ClaimValidator{Decoder: decoder, Reader: direct, Driver: devicemodel.DriverName, CEL: cel.NewCache(100, cel.Features{})}})
-		whServer.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: decoder, Reader: direct}})
+		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.PodGater{Decoder: decoder, Reader: webhook.CacheFirst(mgr.GetCache(), direct)})})
+		whServer.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.ClaimValidator{Decoder: decoder, Reader: direct, Driver: devicemodel.DriverName, CEL: cel.NewCache(100, cel.Features{})})})
+		whServer.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.QueueValidator{Decoder: decoder, Reader: direct})})
 		if target != nil {
 			t := *target
 			if err := mgr.Add(&configurer{server: whServer, client: direct, target: t}); err != nil {
