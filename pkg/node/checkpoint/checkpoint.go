@@ -32,6 +32,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-dev/tessera/pkg/atomicfile"
+	"github.com/tessera-dev/tessera/pkg/node/mig"
 )
 
 // Format versions (see versions.go).
@@ -146,27 +147,7 @@ type Device struct {
 	TimeSliceInterval string `json:"timeSliceInterval,omitempty"`
 	// MIG is the MIG device; Created says this plugin created it for the
 	// claim and destroys it at unprepare.
-	MIG *MIGInstance `json:"mig,omitempty"`
-}
-
-// MIGInstance records the MIG device a claim uses: where it is, NVML's IDs
-// once known, and whether this plugin created it (and so destroys it).
-// The checkpoint owns this type so that its format changes only with
-// Version, whatever the MIG manager's own types become.
-type MIGInstance struct {
-	GPUUUID     string `json:"gpuUUID"`
-	GPUMinor    int    `json:"gpuMinor"`
-	Profile     string `json:"profile"`
-	GIProfileID int    `json:"giProfileID"`
-	CIProfileID int    `json:"ciProfileID"`
-	Start       int    `json:"start"`
-	Size        int    `json:"size"`
-	// GIID and CIID are NVML's instance IDs; -1 while unknown (the intent
-	// is recorded before the instance is created).
-	GIID    int    `json:"giID"`
-	CIID    int    `json:"ciID"`
-	UUID    string `json:"uuid,omitempty"`
-	Created bool   `json:"created"`
+	MIG *mig.Instance `json:"mig,omitempty"`
 }
 
 // file is the envelope of every format.

@@ -6,13 +6,15 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/tessera-dev/tessera/pkg/node/mig"
 )
 
 func claim(uid string) *Claim {
 	return &Claim{
 		UID: uid, Namespace: "ns", Name: "c-" + uid, State: PrepareCompleted, Fingerprint: "f", SpecName: "s.json",
 		Devices: []Device{{Request: "r", Pool: "node", Device: "gpu-0-mig-1g5gb-0", CDIDeviceID: "k/c=x", Type: "mig",
-			MIG: &MIGInstance{GPUUUID: "GPU-1", GIID: 1, CIID: 0, Created: true}}},
+			MIG: &mig.Instance{GPUUUID: "GPU-1", GIID: 1, CIID: 0, Created: true}}},
 	}
 }
 

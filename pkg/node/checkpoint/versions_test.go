@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-dev/tessera/pkg/node/mig"
 )
 
 // goldenUID is the claim of testdata/v1-<uid>.json, written by the
@@ -27,7 +29,7 @@ func goldenV1() *ClaimV1 {
 		Devices: []Device{
 			{Request: "gpu", Pool: "node-1", Device: "gpu-0", ShareID: "share-1", CDIDeviceID: "k8s.gpu.tessera.dev/claim=0f3c1a9e-golden-v1-gpu-0-share-1", Type: "gpu", GPUUUID: "GPU-1", UUID: "GPU-1", Memory: 4 << 30, Cores: 30, Mode: "interposer", Enforced: "interposer", TimeSliceInterval: "Short"},
 			{Request: "mig", Pool: "node-1", Device: "gpu-1-mig-1g10gb-3", CDIDeviceID: "k8s.gpu.tessera.dev/claim=0f3c1a9e-golden-v1-gpu-1-mig-1g10gb-3", Type: "mig", GPUUUID: "GPU-2", UUID: "MIG-7", Memory: 10 << 30, Mode: "mig", Enforced: "hard",
-				MIG: &MIGInstance{GPUUUID: "GPU-2", GPUMinor: 1, Profile: "1g.10gb", GIProfileID: 19, CIProfileID: 0, Start: 3, Size: 1, GIID: 9, CIID: 0, UUID: "MIG-7", Created: true}},
+				MIG: &mig.Instance{GPUUUID: "GPU-2", GPUMinor: 1, Profile: "1g.10gb", GIProfileID: 19, CIProfileID: 0, Start: 3, Size: 1, GIID: 9, CIID: 0, UUID: "MIG-7", Created: true}},
 		},
 		Pods: []Pod{{UID: "pod-uid-1", Name: "trainer-0"}},
 		Spec: &cdispec.Spec{Version: "0.5.0", Kind: "k8s.gpu.tessera.dev/claim", Devices: []cdispec.Device{{Name: "0f3c1a9e-golden-v1-gpu-0-share-1", ContainerEdits: cdispec.ContainerEdits{Env: []string{"A=1"}}}}},

@@ -6,7 +6,8 @@ package mig
 import (
 	"context"
 	"fmt"
-	"sync"
+
+	"github.com/tessera-dev/tessera/pkg/keymutex"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
@@ -16,7 +17,9 @@ import (
 )
 
 // Instance is one MIG device: a GPU instance at a placement with one
-// compute instance spanning it.
+// compute instance spanning it. The claim checkpoint stores it as is: its
+// JSON is part of the checkpoint's format (checkpoint.Version; the
+// checkpoint's golden files fail on any change).
 type Instance struct {
 	GPUUUID     string `json:"gpuUUID"`
 	GPUMinor    int    `json:"gpuMinor"`
@@ -43,28 +46,17 @@ func (i Instance) String() string {
 // serialized.
 type Manager struct {
 	lib   nvml.Interface
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	locks keymutex.Mutex
 }
 
 // New returns a manager over an initialised library.
 func New(lib nvml.Interface) *Manager {
-	return &Manager{lib: lib, locks: map[string]*sync.Mutex{}}
+	return &Manager{lib: lib}
 }
 
 // Lock serializes MIG changes on one GPU; callers that check and then
 // create hold it across both.
-func (m *Manager) Lock(gpuUUID string) func() {
-	m.mu.Lock()
-	l, ok := m.locks[gpuUUID]
-	if !ok {
-		l = &sync.Mutex{}
-		m.locks[gpuUUID] = l
-	}
-	m.mu.Unlock()
-	l.Lock()
-	return l.Unlock
-}
+func (m *Manager) Lock(gpuUUID string) func() { return m.locks.Lock(gpuUUID) }
 
 func nvmlErr(what string, ret nvml.Return) error {
 	return fmt.Errorf("%s: %s", what, nvml.ErrorString(ret))

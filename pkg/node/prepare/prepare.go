@@ -17,12 +17,15 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tessera-dev/tessera/pkg/keymutex"
+
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
@@ -125,7 +128,7 @@ var CrashPoints = []string{
 // Preparer prepares and unprepares claims.
 type Preparer struct {
 	opts  Options
-	locks keyedMutex
+	locks keymutex.Mutex
 
 	mu sync.Mutex
 	// claims are the records of claims that are prepared or being
@@ -157,7 +160,7 @@ type Preparer struct {
 
 // New returns a Preparer. Call Recover before serving.
 func New(opts Options) *Preparer {
-	return &Preparer{opts: opts, claims: map[string]*checkpoint.Claim{}, provisional: map[string]*checkpoint.Claim{}, newer: map[string]*checkpoint.Claim{}, locks: keyedMutex{m: map[string]*keyedEntry{}}}
+	return &Preparer{opts: opts, claims: map[string]*checkpoint.Claim{}, provisional: map[string]*checkpoint.Claim{}, newer: map[string]*checkpoint.Claim{}}
 }
 
 func (p *Preparer) crash(point string) {
@@ -194,7 +197,7 @@ func (p *Preparer) model() (*inventory.Inventory, map[string]resourceapi.Device)
 // an error for this claim alone.
 func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	uid := string(claim.UID)
-	unlock := p.locks.lock(uid)
+	unlock := p.locks.Lock(uid)
 	defer unlock()
 	if err := p.refuseNewer(uid); err != nil {
 		return nil, err
@@ -469,7 +472,7 @@ func (p *Preparer) apply(ctx context.Context, pl *plan, repair bool) error {
 			// placement) before the instance exists, so a crash after
 			// the creation finds the instance at the placement and
 			// removes it.
-			rec.Devices[i].MIG = migRecord(*d.mig)
+			rec.Devices[i].MIG = ptr.To(*d.mig)
 			create = append(create, i)
 			continue
 		}
@@ -519,17 +522,8 @@ func (p *Preparer) useMIG(pl *plan, i int, inst *mig.Instance) {
 	d.mig = inst
 	d.alloc.UUID = inst.UUID
 	pl.record.Devices[i].UUID = inst.UUID
-	pl.record.Devices[i].MIG = migRecord(*inst)
+	pl.record.Devices[i].MIG = ptr.To(*inst)
 }
-
-// migRecord and migInstance convert between the MIG manager's instance
-// and the checkpoint's record of it.
-func migRecord(i mig.Instance) *checkpoint.MIGInstance {
-	r := checkpoint.MIGInstance(i)
-	return &r
-}
-
-func migInstance(r checkpoint.MIGInstance) mig.Instance { return mig.Instance(r) }
 
 // lockMIGGPUs takes the MIG lock of every GPU the plan creates or uses
 // MIG devices on, in a fixed order.
@@ -701,7 +695,7 @@ func (p *Preparer) buildSpec(ctx context.Context, pl *plan) (*cdispecs.Spec, err
 
 // Unprepare undoes a claim's preparation; an unknown claim is fine.
 func (p *Preparer) Unprepare(ctx context.Context, claim types.NamespacedName, uid types.UID) error {
-	unlock := p.locks.lock(string(uid))
+	unlock := p.locks.Lock(string(uid))
 	defer unlock()
 	if err := p.refuseNewer(string(uid)); err != nil {
 		return err
@@ -751,7 +745,7 @@ func (p *Preparer) undo(ctx context.Context, rec *checkpoint.Claim, clearStatus 
 		if d.MIG == nil || !d.MIG.Created {
 			continue
 		}
-		if err := p.destroyMIG(ctx, rec.UID, migInstance(*d.MIG)); err != nil {
+		if err := p.destroyMIG(ctx, rec.UID, *d.MIG); err != nil {
 			return err
 		}
 		p.crash(CrashUnprepareMIG)
@@ -882,38 +876,6 @@ func (p *Preparer) Prepared() []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// keyedMutex serializes work per key.
-type keyedMutex struct {
-	mu sync.Mutex
-	m  map[string]*keyedEntry
-}
-
-type keyedEntry struct {
-	mu   sync.Mutex
-	refs int
-}
-
-func (k *keyedMutex) lock(key string) func() {
-	k.mu.Lock()
-	e, ok := k.m[key]
-	if !ok {
-		e = &keyedEntry{}
-		k.m[key] = e
-	}
-	e.refs++
-	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		k.mu.Lock()
-		e.refs--
-		if e.refs == 0 {
-			delete(k.m, key)
-		}
-		k.mu.Unlock()
-	}
 }
 
 func mpsRecord(pipe string, l mps.Limits) *checkpoint.MPS {

@@ -423,7 +423,7 @@ func (p *Preparer) isNewer(uid string) bool {
 // stays pending when the API server does not answer or no name is known.
 func (p *Preparer) repairOne(ctx context.Context, uid string) {
 	logger := klog.FromContext(ctx)
-	unlock := p.locks.lock(uid)
+	unlock := p.locks.Lock(uid)
 	defer unlock()
 	p.mu.Lock()
 	why, ok := p.pending[uid]

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tessera-dev/tessera/pkg/keymutex"
+
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
@@ -110,26 +112,16 @@ type Manager struct {
 	mu     sync.Mutex
 	gpus   map[string]*gpuState
 	// locks serialize the changes of one GPU's interval.
-	locks map[string]*sync.Mutex
+	locks keymutex.Mutex
 }
 
 // NewManager returns a manager applying intervals with setter.
 func NewManager(setter Setter) *Manager {
-	return &Manager{setter: setter, gpus: map[string]*gpuState{}, locks: map[string]*sync.Mutex{}}
+	return &Manager{setter: setter, gpus: map[string]*gpuState{}}
 }
 
 // lockGPU takes the GPU's lock and returns its release.
-func (m *Manager) lockGPU(gpuUUID string) func() {
-	m.mu.Lock()
-	l := m.locks[gpuUUID]
-	if l == nil {
-		l = &sync.Mutex{}
-		m.locks[gpuUUID] = l
-	}
-	m.mu.Unlock()
-	l.Lock()
-	return l.Unlock
-}
+func (m *Manager) lockGPU(gpuUUID string) func() { return m.locks.Lock(gpuUUID) }
 
 // state returns the GPU's state, created empty; the caller holds m.mu.
 func (m *Manager) state(gpuUUID string) *gpuState {
