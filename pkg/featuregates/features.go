@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/component-base/featuregate"
 )
 
@@ -40,46 +41,67 @@ const (
 	ShadowMode featuregate.Feature = "ShadowMode"
 )
 
-// Since is the Tessera version every gate above first appeared in.
-const Since = "0.1.0"
+// Version is Tessera's major.minor version (the chart's appVersion): a
+// gate is at the stage and default its specs give for it. A promotion
+// appends a spec at the release that makes it, as Kubernetes' own gates
+// do (k8s.io/component-base/featuregate VersionedSpecs), so that each
+// gate's history stays readable.
+var Version = version.MajorMinor(0, 1)
+
+// v0_1 is Tessera 0.1, where every gate below first appeared.
+var v0_1 = version.MajorMinor(0, 1)
 
 // Gate is one of Tessera's gates with what it gates, for docs and errors.
 type Gate struct {
 	Name featuregate.Feature
-	Spec featuregate.FeatureSpec
+	// Specs are the gate's stages, oldest first, each from the release
+	// that set it.
+	Specs featuregate.VersionedSpecs
 	// What the gate turns on, as docs/compatibility.md says it.
 	What string
+}
+
+func alpha(since *version.Version) featuregate.FeatureSpec {
+	return featuregate.FeatureSpec{Version: since, Default: false, PreRelease: featuregate.Alpha}
+}
+
+func beta(since *version.Version) featuregate.FeatureSpec {
+	return featuregate.FeatureSpec{Version: since, Default: true, PreRelease: featuregate.Beta}
 }
 
 // Plugin are the kubelet plugin's gates.
 func Plugin() []Gate {
 	return []Gate{
-		{DynamicMIG, featuregate.FeatureSpec{Default: true, PreRelease: featuregate.Beta}, "--mig-mode=dynamic (the default mode)"},
-		{PerClaimMPS, featuregate.FeatureSpec{Default: true, PreRelease: featuregate.Beta}, "--mps-control: one MPS control daemon per claim"},
-		{MPSDaemonPods, featuregate.FeatureSpec{Default: false, PreRelease: featuregate.Alpha}, "--mps-mode=pod: the per-claim MPS daemons in pods of their own"},
+		{DynamicMIG, featuregate.VersionedSpecs{beta(v0_1)}, "--mig-mode=dynamic (the default mode)"},
+		{PerClaimMPS, featuregate.VersionedSpecs{beta(v0_1)}, "--mps-control: one MPS control daemon per claim"},
+		{MPSDaemonPods, featuregate.VersionedSpecs{alpha(v0_1)}, "--mps-mode=pod: the per-claim MPS daemons in pods of their own"},
 	}
 }
 
 // Controller are the queue controller's gates.
 func Controller() []Gate {
 	return []Gate{
-		{TimeBasedFairShare, featuregate.FeatureSpec{Default: false, PreRelease: featuregate.Alpha}, "Queue spec.fairSharing.usageWeighting (time-based fair share)"},
-		{IdleReclaim, featuregate.FeatureSpec{Default: false, PreRelease: featuregate.Alpha}, "Queue spec.idle (idle reclaim)"},
-		{CanaryControllers, featuregate.FeatureSpec{Default: false, PreRelease: featuregate.Alpha}, "--controller-name other than default (a canary controller)"},
-		{ShadowMode, featuregate.FeatureSpec{Default: false, PreRelease: featuregate.Alpha}, "--shadow (a shadow controller)"},
+		{TimeBasedFairShare, featuregate.VersionedSpecs{alpha(v0_1)}, "Queue spec.fairSharing.usageWeighting (time-based fair share)"},
+		{IdleReclaim, featuregate.VersionedSpecs{alpha(v0_1)}, "Queue spec.idle (idle reclaim)"},
+		{CanaryControllers, featuregate.VersionedSpecs{alpha(v0_1)}, "--controller-name other than default (a canary controller)"},
+		{ShadowMode, featuregate.VersionedSpecs{alpha(v0_1)}, "--shadow (a shadow controller)"},
 	}
 }
 
-// New returns a gate that knows gates, at their defaults; --feature-gates
-// (featuregate's AddFlag) or SetFromMap changes them.
+// New returns a gate that knows gates, at their defaults in Version;
+// --feature-gates (featuregate's AddFlag) or SetFromMap changes them.
 func New(gates []Gate) featuregate.MutableVersionedFeatureGate {
-	g := featuregate.NewFeatureGate()
-	specs := make(map[featuregate.Feature]featuregate.FeatureSpec, len(gates))
+	return newAt(Version, gates)
+}
+
+func newAt(v *version.Version, gates []Gate) featuregate.MutableVersionedFeatureGate {
+	g := featuregate.NewVersionedFeatureGate(v)
+	specs := make(map[featuregate.Feature]featuregate.VersionedSpecs, len(gates))
 	for _, x := range gates {
-		specs[x.Name] = x.Spec
+		specs[x.Name] = x.Specs
 	}
-	if err := g.Add(specs); err != nil {
-		panic(err) // the names above are distinct: a programming error
+	if err := g.AddVersioned(specs); err != nil {
+		panic(err) // distinct names, ordered specs: a programming error
 	}
 	return g
 }
@@ -103,13 +125,12 @@ func Require(g featuregate.FeatureGate, gates []Gate, feature featuregate.Featur
 }
 
 func stage(gates []Gate, feature featuregate.Feature) string {
-	for _, x := range gates {
-		if x.Name == feature {
-			if x.Spec.PreRelease == featuregate.GA {
-				return "GA"
-			}
-			return strings.ToLower(string(x.Spec.PreRelease))
-		}
+	spec, ok := New(gates).GetAll()[feature]
+	switch {
+	case !ok:
+		return "unknown"
+	case spec.PreRelease == featuregate.GA:
+		return "GA"
 	}
-	return "unknown"
+	return strings.ToLower(string(spec.PreRelease))
 }

@@ -1,8 +1,14 @@
 package featuregates
 
 import (
+	"os"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/version"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/test/testutil"
 
 	"github.com/spf13/pflag"
 	"k8s.io/component-base/featuregate"
@@ -90,5 +96,54 @@ func TestRequire(t *testing.T) {
 	}
 	if err := Require(g, Controller(), ShadowMode, "--shadow"); err != nil {
 		t.Errorf("Require with the gate on: %v", err)
+	}
+}
+
+// A promotion is a spec appended at the release that makes it: the gate
+// keeps its old stage and default where that release is not reached.
+func TestPromotionByVersion(t *testing.T) {
+	gates := []Gate{{Name: "Example", Specs: featuregate.VersionedSpecs{alpha(v0_1), beta(version.MajorMinor(0, 2))}}}
+	for _, tc := range []struct {
+		at    *version.Version
+		stage featuregate.FeatureSpec // PreRelease only
+		on    bool
+	}{
+		{version.MajorMinor(0, 1), featuregate.FeatureSpec{PreRelease: featuregate.Alpha}, false},
+		{version.MajorMinor(0, 2), featuregate.FeatureSpec{PreRelease: featuregate.Beta}, true},
+		{version.MajorMinor(0, 3), featuregate.FeatureSpec{PreRelease: featuregate.Beta}, true},
+	} {
+		g := newAt(tc.at, gates)
+		if spec := g.GetAll()["Example"]; spec.PreRelease != tc.stage.PreRelease || g.Enabled("Example") != tc.on {
+			t.Errorf("at %s: %s, on %v; want %s, %v", tc.at, spec.PreRelease, g.Enabled("Example"), tc.stage.PreRelease, tc.on)
+		}
+	}
+}
+
+// Version is the chart's appVersion: a release that moves one moves the
+// other, and with it every gate's stage.
+func TestVersionIsTheChartsAppVersion(t *testing.T) {
+	data, err := os.ReadFile(testutil.Path(t, "deployments", "helm", "tessera", "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(data, &chart); err != nil {
+		t.Fatal(err)
+	}
+	app, err := version.ParseSemantic(chart.AppVersion)
+	if err != nil {
+		t.Fatalf("appVersion %q: %v", chart.AppVersion, err)
+	}
+	if app.Major() != Version.Major() || app.Minor() != Version.Minor() {
+		t.Errorf("featuregates.Version %s, chart appVersion %s", Version, app)
+	}
+	for _, g := range append(Plugin(), Controller()...) {
+		for i, s := range g.Specs {
+			if s.Version == nil || s.Version.GreaterThan(Version) || i > 0 && !g.Specs[i-1].Version.LessThan(s.Version) {
+				t.Errorf("%s: spec %d at %v: specs must be oldest first, each at a release up to %s", g.Name, i, s.Version, Version)
+			}
+		}
 	}
 }
