@@ -39,7 +39,7 @@ func TestTestImportsNoHack(t *testing.T) {
 func TestCommandsLinkNoTooling(t *testing.T) {
 	const module = "github.com/tessera-dev/tessera/"
 	toolingOnly := []string{
-		"gonum.org/v1/plot",                      // benchmark plots (pkg/sim.PlotBars, hack/bench)
+		"gonum.org/v1/plot",                      // benchmark plots (hack/internal/sim.PlotBars, hack/bench)
 		"github.com/google/go-containerregistry", // the image build (test/imagebuild)
 		"github.com/google/pprof",                // the scale report's profiles (test/scale)
 	}
@@ -56,6 +56,116 @@ func TestCommandsLinkNoTooling(t *testing.T) {
 			for _, m := range toolingOnly {
 				if mod == m {
 					t.Errorf("%s links %s (module %s), which only the tooling should use: move what the command needs away from the package that imports it", cmd, pkg, m)
+				}
+			}
+		}
+	}
+}
+
+// wing is where a package under pkg/ lives: the node side, the control
+// side, the GPU model both read, the kubectl plugin, or a shared leaf
+// (docs/architecture.md).
+func wing(pkg string) string {
+	for _, w := range []string{"pkg/node/", "pkg/control/", "pkg/gpu/", "pkg/kubectl/"} {
+		if strings.HasPrefix(pkg, w) {
+			return strings.TrimSuffix(w, "/")
+		}
+	}
+	switch pkg {
+	case "pkg/atomicfile", "pkg/cli", "pkg/featuregates", "pkg/keymutex":
+		return "leaf"
+	}
+	return ""
+}
+
+// mayImport says which wings a wing's product code may import.
+var mayImport = map[string][]string{
+	"pkg/node":    {"pkg/node", "pkg/gpu", "leaf"},
+	"pkg/control": {"pkg/control", "pkg/gpu", "leaf"},
+	"pkg/gpu":     {"pkg/gpu", "leaf"},
+	"pkg/kubectl": {"pkg/kubectl", "pkg/control", "pkg/gpu", "leaf"},
+	"leaf":        {},
+}
+
+// TestWings: every package under pkg/ sits in a wing; the node side and
+// the control side never import each other, the GPU model imports
+// neither, shared leaves import nothing of Tessera's but the API and the
+// shipped manifests, and nothing under pkg/ imports test/ or hack/ (tests
+// may use test/testutil and test/apiserver). Tests may cross wings to
+// check the contract between them.
+func TestWings(t *testing.T) {
+	const module = "github.com/tessera-dev/tessera/"
+	out, err := exec.Command("go", "list", "-test", "-f", `{{.ImportPath}}|{{.ForTest}}|{{join .Imports " "}}`, "../pkg/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		parts := strings.SplitN(line, "|", 3)
+		path, forTest, imports := parts[0], parts[1], parts[2]
+		if strings.HasSuffix(path, ".test") {
+			continue // the generated test main
+		}
+		pkg, _, _ := strings.Cut(strings.TrimPrefix(path, module), " ")
+		pkg = strings.TrimSuffix(pkg, "_test")
+		w := wing(pkg)
+		if w == "" {
+			t.Errorf("%s is in no wing: put it under pkg/node, pkg/control, pkg/gpu or pkg/kubectl, or name it a shared leaf here and in docs/architecture.md", pkg)
+			continue
+		}
+		test := forTest != "" || strings.Contains(path, " [")
+		for _, imp := range strings.Fields(imports) {
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			imp = strings.TrimPrefix(imp, module)
+			switch {
+			case imp == "api/v1alpha1", imp == "deployments", strings.HasPrefix(imp, pkg):
+				// The API and the shipped manifests are everyone's.
+			case imp == "test/testutil" || imp == "test/apiserver":
+				if !test {
+					t.Errorf("%s imports %s outside its tests", pkg, imp)
+				}
+			case strings.HasPrefix(imp, "test/") || strings.HasPrefix(imp, "hack/"):
+				t.Errorf("%s imports %s: product code and its tests use only test/testutil and test/apiserver", pkg, imp)
+			case test && strings.HasPrefix(imp, "pkg/"):
+				// Tests may cross wings to check a contract between
+				// them: the published slices with the scheduler's
+				// allocator, the decisions with the plugin's taints.
+			default:
+				iw := wing(imp)
+				ok := false
+				for _, a := range mayImport[w] {
+					ok = ok || a == iw
+				}
+				if !ok {
+					t.Errorf("%s (%s) imports %s (%s): the %s side may import only %v", pkg, w, imp, iw, w, mayImport[w])
+				}
+			}
+		}
+	}
+}
+
+// TestCommandsLinkTheirWing: the controller links no node code and no
+// NVML; the kubelet plugin links no control-plane code; kubectl-tessera
+// links no node code (its mock nodes come from the GPU model's mock NVML).
+func TestCommandsLinkTheirWing(t *testing.T) {
+	const module = "github.com/tessera-dev/tessera/"
+	for _, tc := range []struct {
+		cmd    string
+		refuse []string
+	}{
+		{"cmd/controller", []string{module + "pkg/node/", module + "pkg/kubectl/", "github.com/NVIDIA/go-nvml"}},
+		{"cmd/kubelet-plugin", []string{module + "pkg/control/", module + "pkg/kubectl/"}},
+		{"cmd/kubectl-tessera", []string{module + "pkg/node/"}},
+	} {
+		out, err := exec.Command("go", "list", "-deps", "../"+tc.cmd).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", tc.cmd, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			for _, r := range tc.refuse {
+				if strings.HasPrefix(dep, r) {
+					t.Errorf("%s links %s", tc.cmd, dep)
 				}
 			}
 		}

@@ -10,7 +10,7 @@ import (
 // directories on the disk and on tmpfs, so that the cost of fsync shows.
 func prepareLatency(_ context.Context, r *report) error {
 	n := r.iterations("2000x", "20x")
-	disk := goBenchRun{pkg: "./pkg/plugin/", pattern: "PrepareLatency", benchtime: n}
+	disk := goBenchRun{pkg: "./pkg/node/plugin/", pattern: "PrepareLatency", benchtime: n}
 	tmpfs := disk
 	tmpfs.env = []string{"TESSERA_BENCH_DIR=/dev/shm"}
 	r.printf("\n## Prepare and unprepare latency\n\n")
@@ -53,7 +53,7 @@ func prepareLatency(_ context.Context, r *report) error {
 // admissionThroughput runs the controller's admission benchmarks.
 func admissionThroughput(_ context.Context, r *report) error {
 	n := r.iterations("3x", "1x")
-	g := goBenchRun{pkg: "./pkg/decide/", pattern: "Admission|Gang512", benchtime: n}
+	g := goBenchRun{pkg: "./pkg/control/decide/", pattern: "Admission|Gang512", benchtime: n}
 	r.printf("\n## Admission\n\n")
 	r.printf("The controller's decision cycle in process (`pkg/control/decide`, no API server): queues, labelled pods, claims and templates, the shipped DeviceClasses, and ResourceSlices of simulated nodes published exactly as the kubelet plugin publishes them (one `dgxh100` node, 8 x H100 80GB, built by `nvmlmock` → `discover` → `devicemodel` → `publish`, copied under 1,000 node names). Each iteration is one full cycle from a fresh engine: build the queue tree and the device catalog, charge what runs, fair share, order, check limits and quota, simulate every workload's claims with the scheduler's allocator, decide.\n\n")
 	r.printf("- **Admission**: 1,000 queues (10 departments x 99 teams; each team quota 80Gi, limit 3200Gi), 1,000 nodes (8,000 GPUs), 10,000 pending pods: 7,000 single pods with memory shares of 10, 20 or 40Gi, 2,000 single pods with a whole GPU, 1,000 pods in 125 gangs of 8 (a whole GPU each): 9,125 workloads.\n")
@@ -81,7 +81,7 @@ func admissionThroughput(_ context.Context, r *report) error {
 // migAdmission compares one admission cycle with MIG prioritized lists to
 // the same cycle with shares, in one run.
 func migAdmission(r *report, sec func(float64) string) error {
-	g := goBenchRun{pkg: "./pkg/sim/", pattern: "AdmissionCycleMIG", benchtime: r.iterations("10x", "1x")}
+	g := goBenchRun{pkg: "./hack/internal/sim/", pattern: "AdmissionCycleMIG", benchtime: r.iterations("10x", "1x")}
 	r.printf("\n### MIG admission vs shares\n\n")
 	r.printf("One admission cycle over the 1,000 jobs of the mixed trace behind the three queues of the packing section (12 x DGX H100, 12 x DGX A100, 40 x 4-T4 nodes): with memory shares, and with shares + MIG, where every claim is a prioritized list of MIG sizes with a share last (up to 8 alternatives, 6 on this cluster, each a CEL selector). MIG placements make an 8 x H100 node publish 200 devices. *First cycle*: from a fresh engine, as after a controller start. *Next cycle*: the same engine decides again with the slices and classes unchanged, as every later cycle of a running controller does (what it reserved for the pods is forgotten first, so that it decides the same; the benchmark fails if it admits other pods).\n\n")
 	r.printf("Command: `%s`\n\n", g.command())
@@ -112,7 +112,7 @@ func migAdmission(r *report, sec func(float64) string) error {
 // publication runs the ResourceSlice publication benchmark.
 func publication(_ context.Context, r *report) error {
 	n := r.iterations("20x", "1x")
-	g := goBenchRun{pkg: "./pkg/publish/", pattern: "Publish", benchtime: n}
+	g := goBenchRun{pkg: "./pkg/gpu/nodeslices/", pattern: "Publish", benchtime: n}
 	r.printf("\n## ResourceSlice publication: 8 x H100 with dynamic MIG\n\n")
 	r.printf("Discovery (mock NVML), the device model and rendering of one `dgxh100` node in dynamic MIG mode: every whole GPU with its memory and compute shares, and every MIG placement of every profile, with the counters that keep them exclusive. Objects and JSON bytes are what the API server receives; the time is the plugin's own work, without the API writes (the kubelet plugin library's ResourceSlice controller sends them, one create or update per slice that changed).\n\nCommand: `%s`\n\n", g.command())
 	res, err := g.run()
@@ -129,7 +129,7 @@ func publication(_ context.Context, r *report) error {
 // with 100 compute processes.
 func usageSampling(_ context.Context, r *report) error {
 	n := r.iterations("2000x", "20x")
-	g := goBenchRun{pkg: "./pkg/usage/", pattern: "Sample", benchtime: n}
+	g := goBenchRun{pkg: "./pkg/node/procusage/", pattern: "Sample", benchtime: n}
 	r.printf("\n## Usage sampling: 8 GPUs, 100 compute processes\n\n")
 	r.printf("One pass of the kubelet plugin's usage sampler (docs/observability.md): NVML's compute processes and SM samples of every GPU (mock NVML: 8 x T4, 100 processes) and `/proc/<pid>/cgroup` of each process (files in a temp directory laid out like `/proc`), mapped to pod and container. Attribution to claims, metrics and status writes are not in it: they are map lookups per process.\n\nCommand: `%s`\n\n", g.command())
 	res, err := g.run()

@@ -50,7 +50,7 @@ func packing(ctx context.Context, r *report) error {
 		{title: "Mixed trace: 1,000 jobs on 12 x DGX H100, 12 x DGX A100, 40 x 4-T4 nodes (352 GPUs)", trace: mixedTrace, nodes: mixedCluster, jobs: mixed},
 		{title: "Inference-heavy: the inference jobs of the mixed trace, same cluster", trace: mixedTrace, nodes: mixedCluster, kind: "inference", jobs: sim.Filter(mixed, "inference")},
 		{title: "Mixed trace behind the controller's queues", trace: mixedTrace, nodes: mixedCluster, queues: mixedQueues, jobs: mixed,
-			about: "Each job is a gated pod in the queue of its kind: inference (quota 1Ti, no limit), training (quota 1Ti, limit 2Ti), notebook (quota 256Gi, limit 512Gi) of GPU memory. One decision cycle of the controller's admission engine (`pkg/control/decide`, the code the controller runs) decides which start; those are placed in the order the controller ungates them. *Held by queues* are pods a queue's limit keeps back although the cluster has room."},
+			about: "Each job is a gated pod in the queue of its kind: inference (quota 1Ti, no limit), training (quota 1Ti, limit 2Ti), notebook (quota 256Gi, limit 512Gi) of GPU memory. One decision cycle of the controller's decision engine (`pkg/control/decide`, the code the controller runs) decides which start; those are placed in the order the controller ungates them. *Held by queues* are pods a queue's limit keeps back although the cluster has room."},
 	}
 	if r.short {
 		small := "2xdgxh100;4xt4:4"

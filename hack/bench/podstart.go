@@ -85,7 +85,7 @@ func podStartLatency(ctx context.Context, r *report, mode string) error {
 // createContainerHooks times each nvidia-cdi-hook createContainer hook of a
 // claim's spec on a container root (BenchmarkCreateContainerHooks).
 func createContainerHooks(r *report) error {
-	g := goBenchRun{pkg: "./pkg/driverfiles/", pattern: "CreateContainerHooks", benchtime: "20x"}
+	g := goBenchRun{pkg: "./pkg/node/driverfiles/", pattern: "CreateContainerHooks", benchtime: "20x"}
 	res, err := g.run()
 	if err != nil {
 		return err

@@ -55,7 +55,7 @@ type admissionResult struct {
 	stats admissionpkg.Stats
 }
 
-// admission is one decision cycle of the controller's admission engine
+// admission is one decision cycle of the controller's decision engine
 // over the jobs, each a gated pod labelled for its queue whose claim comes
 // from a template, on the simulated nodes' slices.
 type admission struct {

@@ -155,7 +155,7 @@ type Cluster struct {
 	Nodes []NodeGroup
 	// Queues, when set, put every job behind the controller's admission:
 	// jobs go to the queue named like their kind (else DefaultQueue), one
-	// decision cycle of the real admission engine decides which start, and
+	// decision cycle of the real decision engine decides which start, and
 	// those are placed in the order the controller ungates them.
 	Queues []QueueSpec
 	// exhaustive tries every node for every job, without the pruning of

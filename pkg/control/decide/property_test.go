@@ -427,7 +427,7 @@ func TestHostileProperty(t *testing.T) {
 }
 
 // FuzzHostileCycles runs the hostile sequences from fuzzed seeds:
-// go test ./pkg/decide -run '^$' -fuzz FuzzHostileCycles -fuzztime 5m
+// go test ./pkg/control/decide -run '^$' -fuzz FuzzHostileCycles -fuzztime 5m
 func FuzzHostileCycles(f *testing.F) {
 	f.Add(uint64(1), uint8(20))
 	f.Add(uint64(7), uint8(60))

@@ -1,3 +1,8 @@
+// Package whatif predicts what the controller would decide after a
+// change (queues, nodes, decision flags) by running the decision engine
+// twice on one snapshot, as it is and with the change, and comparing the
+// outcomes per workload: `kubectl tessera what-if` live or from a saved
+// snapshot; the shadow controller reads its queue overrides with it.
 package whatif
 
 import (

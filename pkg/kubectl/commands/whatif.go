@@ -28,7 +28,7 @@ func newWhatIfCommand(o *Options, s Streams) *cobra.Command {
 		Short: "What admission would do with new queues, nodes or controller flags",
 		Long: `Reads the cluster's current queues, queued pods, claims, slices, classes
 and nodes (or a saved "kubectl tessera snapshot" with --from), runs the
-controller's admission engine on it as it is and with the change, and
+controller's decision engine on it as it is and with the change, and
 prints per queue what would start, wait (and why) and be reclaimed, before
 and after, then every workload whose outcome moves.
 

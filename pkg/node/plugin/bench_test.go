@@ -23,7 +23,7 @@ import (
 // instant: the figure is Tessera's own cost (checkpoint writes included),
 // real MIG creation takes about a second more.
 //
-//	go test -run='^$' -bench=BenchmarkPrepareLatency -benchtime=2000x ./pkg/plugin/
+//	go test -run='^$' -bench=BenchmarkPrepareLatency -benchtime=2000x ./pkg/node/plugin/
 //
 // The node's directories are temporary ones under $TMPDIR, or under
 // $TESSERA_BENCH_DIR when set (e.g. /dev/shm, to take the disk out).

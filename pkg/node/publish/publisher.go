@@ -1,3 +1,8 @@
+// Package publish keeps a node's ResourceSlices in step with its GPUs: it
+// rediscovers them, builds the slices with the device model's current
+// configuration (health taints, GPUs other drivers hand out), and hands
+// them to the kubelet plugin library's ResourceSlice controller when what
+// would be published changes; a failed scan keeps the last good slices.
 package publish
 
 import (

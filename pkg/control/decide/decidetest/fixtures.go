@@ -1,4 +1,4 @@
-// Package admissiontest builds simulated clusters for the controller's
+// Package decidetest builds simulated clusters for the controller's
 // tests and benchmarks: nodes whose ResourceSlices are published exactly as
 // the kubelet plugin publishes them (nvmlmock -> discover -> devicemodel ->
 // publish), the shipped DeviceClasses, and pods, templates and claims.
