@@ -2,7 +2,10 @@
 package test
 
 import (
+	"bytes"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -167,6 +170,46 @@ func TestCommandsLinkTheirWing(t *testing.T) {
 				if strings.HasPrefix(dep, r) {
 					t.Errorf("%s links %s", tc.cmd, dep)
 				}
+			}
+		}
+	}
+}
+
+// TestNoBuildOutputTracked: git tracks no compiled executable or object
+// (ELF, Mach-O, PE, archives) and no file over 2 MB: built binaries are
+// most of a repository's size once committed, and `go build` in the root
+// leaves one (.gitignore covers the known outputs; this catches the rest).
+func TestNoBuildOutputTracked(t *testing.T) {
+	const maxSize = 2 << 20
+	out, err := exec.Command("git", "-C", "..", "ls-files", "-z").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	magics := map[string][]byte{
+		"an ELF binary":   []byte("\x7fELF"),
+		"a Mach-O binary": {0xcf, 0xfa, 0xed, 0xfe},
+		"a PE binary":     []byte("MZ"),
+		"an ar archive":   []byte("!<arch>\n"),
+	}
+	for _, name := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		path := filepath.Join("..", name)
+		fi, err := os.Lstat(path)
+		if err != nil || !fi.Mode().IsRegular() {
+			continue // deleted in the work tree, or a link
+		}
+		if fi.Size() > maxSize {
+			t.Errorf("%s is tracked and %d MB: build outputs and large data stay out of git", name, fi.Size()>>20)
+		}
+		head := make([]byte, 8)
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := f.Read(head)
+		f.Close()
+		for what, magic := range magics {
+			if n >= len(magic) && bytes.Equal(head[:len(magic)], magic) {
+				t.Errorf("%s is tracked and is %s: remove it (git rm --cached) and ignore it", name, what)
 			}
 		}
 	}

@@ -7,13 +7,23 @@ package docs
 import (
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
-const root = "../.."
+// root is the repository's root.
+var root = func() string {
+	r, err := testutil.RepoRoot()
+	if err != nil {
+		panic(err)
+	}
+	return r
+}()
 
 // The README's figures sit between these markers; every number between
 // them must appear in docs/benchmarks.md.
@@ -225,6 +235,42 @@ func TestArchitectureNamesEveryPackage(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("docs/architecture.md names %s, which does not exist", m[1])
+		}
+	}
+}
+
+// TestArchitectureArrowsAreImports: every row of docs/architecture.md's
+// table of arrows is a real, direct import.
+func TestArchitectureArrowsAreImports(t *testing.T) {
+	doc := read(t, "docs/architecture.md")
+	_, table, ok := strings.Cut(doc, "### The arrows, as imports")
+	if !ok {
+		t.Fatal("docs/architecture.md has no section \"### The arrows, as imports\"")
+	}
+	table, _, _ = strings.Cut(table, "\n## ")
+	row := regexp.MustCompile("(?m)^\\| `(pkg/[a-z0-9/]+)` \\| (.+) \\|$")
+	name := regexp.MustCompile("`(pkg/[a-z0-9/]+)`")
+	rows := row.FindAllStringSubmatch(table, -1)
+	if len(rows) < 10 {
+		t.Fatalf("%d rows in the table of arrows", len(rows))
+	}
+	const module = "github.com/tessera-dev/tessera/"
+	for _, r := range rows {
+		cmd := exec.Command("go", "list", "-f", `{{join .Imports " "}}`, "./"+r[1])
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("go list %s: %v\n%s", r[1], err, out)
+			continue
+		}
+		imports := map[string]bool{}
+		for _, imp := range strings.Fields(string(out)) {
+			imports[strings.TrimPrefix(imp, module)] = true
+		}
+		for _, m := range name.FindAllStringSubmatch(r[2], -1) {
+			if !imports[m[1]] {
+				t.Errorf("docs/architecture.md draws %s → %s, but %s does not import %s", m[1], r[1], r[1], m[1])
+			}
 		}
 	}
 }
