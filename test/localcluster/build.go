@@ -56,7 +56,7 @@ func buildDir(component, version string) string {
 type Logf func(format string, args ...any)
 
 // EnsureBinaries installs missing Debian packages and builds every component
-// that is not already cached for its pinned version. It is cheap when
+// of the cluster that is not already cached for its pinned version. It is cheap when
 // everything is cached.
 func EnsureBinaries(ctx context.Context, logf Logf) (*Binaries, error) {
 	if err := EnsureHostPackages(ctx, logf); err != nil {
@@ -73,11 +73,9 @@ func EnsureBinaries(ctx context.Context, logf Logf) (*Binaries, error) {
 	if err := buildContainerd(ctx, logf, ctrd); err != nil {
 		return nil, fmt.Errorf("building containerd %s: %w", ContainerdVersion, err)
 	}
-	if err := buildKwok(ctx, logf, filepath.Dir(b.Kwok)); err != nil {
-		return nil, fmt.Errorf("building kwok %s: %w", KwokVersion, err)
-	}
-	// Kueue is built by StartKueue, the first time a scale run needs it:
-	// the tests and the demo do not.
+	// KWOK and Kueue are built by StartKwok and StartKueue, the first
+	// time a scale run needs them: the demo and the end-to-end tests do
+	// not.
 	return b, nil
 }
 
@@ -408,11 +406,12 @@ func progress(every time.Duration, report func(elapsed time.Duration)) (stop fun
 	return func() { close(quit); <-done }
 }
 
-// BinariesCached reports whether every pinned upstream program is already
-// built, so that bringing a cluster up does not start a long build.
+// BinariesCached reports whether every pinned upstream program a cluster
+// runs is already built, so that bringing one up does not start a long
+// build (KWOK, which only scale runs start, builds in about a minute).
 func BinariesCached() bool {
 	b := binaryPaths()
-	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim, b.Kwok, b.KwokStages} {
+	for _, p := range []string{b.KubeAPIServer, b.KubeControllerManager, b.KubeScheduler, b.Kubelet, b.Kubectl, b.Etcd, b.Containerd, b.Ctr, b.ContainerdShim} {
 		if _, err := os.Stat(p); err != nil {
 			return false
 		}
