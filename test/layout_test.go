@@ -3,9 +3,13 @@ package test
 
 import (
 	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -211,6 +215,55 @@ func TestNoBuildOutputTracked(t *testing.T) {
 			if n >= len(magic) && bytes.Equal(head[:len(magic)], magic) {
 				t.Errorf("%s is tracked and is %s: remove it (git rm --cached) and ignore it", name, what)
 			}
+		}
+	}
+}
+
+// TestNoRacePackagesStartNoGoroutines: the packages `make unit` tests
+// without the race detector (NORACE_PKGS in the Makefile) start no
+// goroutine of their own (no go statement, no errgroup or
+// sync.WaitGroup.Go): the race detector could find nothing there. A
+// package that starts one must leave the list.
+func TestNoRacePackagesStartNoGoroutines(t *testing.T) {
+	makefile, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^NORACE_PKGS\s*:=\s*(.+)$`).FindSubmatch(makefile)
+	if m == nil {
+		t.Fatal("the Makefile has no NORACE_PKGS")
+	}
+	args := append([]string{"list", "-f", `{{.Dir}}|{{join .GoFiles " "}}`}, strings.Fields(string(m[1]))...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	fset := token.NewFileSet()
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		dir, files, _ := strings.Cut(line, "|")
+		for _, name := range strings.Fields(files) {
+			f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				if strings.Contains(imp.Path.Value, "errgroup") {
+					t.Errorf("%s imports errgroup: it starts goroutines; remove its package from NORACE_PKGS", fset.Position(imp.Pos()))
+				}
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.GoStmt:
+					t.Errorf("%s starts a goroutine: remove its package from NORACE_PKGS", fset.Position(n.Pos()))
+				case *ast.SelectorExpr:
+					if n.Sel.Name == "Go" {
+						t.Errorf("%s calls .Go (a goroutine): remove its package from NORACE_PKGS", fset.Position(n.Pos()))
+					}
+				}
+				return true
+			})
 		}
 	}
 }
