@@ -86,10 +86,17 @@ func (a *Reconciler) apply(ctx context.Context, snap *decide.Snapshot, d *decide
 			done = append(done, admitted{p, ad.Message})
 		}
 	}
+	// The admission is in the ungating patch (admitted-at, admitted-by,
+	// the charge and the node, annotations only the controller may set):
+	// the condition is rewritten only where one says something else (the
+	// pod waited, or was told why), and the events are one per queue and
+	// cycle, so that an admitted pod costs the API server one write.
 	a.parallel(ctx, len(done), func(i int) {
-		a.setCondition(ctx, done[i].p, corev1.ConditionTrue, decide.ReasonAdmitted, done[i].msg, now)
-		a.Recorder.Eventf(done[i].p, nil, corev1.EventTypeNormal, decide.ReasonAdmitted, "Admit", done[i].msg)
+		if c := decide.AdmissionCondition(done[i].p); c != nil && (c.Status != corev1.ConditionTrue || c.Reason != decide.ReasonAdmitted) {
+			a.setCondition(ctx, done[i].p, corev1.ConditionTrue, decide.ReasonAdmitted, done[i].msg, now)
+		}
 	})
+	a.admittedEvents(snap.Queues, d.Admit, failed)
 	refused := false
 	for _, ev := range d.Evict {
 		reason := ev.Reason
@@ -439,4 +446,56 @@ func statusEqual(a, b *v1alpha1.QueueStatus) bool {
 		}
 	}
 	return apiequality.Semantic.DeepEqual(a.Conditions, b.Conditions)
+}
+
+// maxNamedInEvent bounds the workloads an Admitted event names.
+const maxNamedInEvent = 10
+
+// admittedEvents records one Admitted event per queue for a cycle's
+// admissions (on the Queue: `kubectl describe queue`), naming its first
+// workloads; failed are the pods whose ungating failed (decided again).
+// Each pod's own record is its annotations (admitted-at, admitted-by,
+// charge, node), the controller's log (V(3) "Admitted") and metrics.
+func (a *Reconciler) admittedEvents(queues []*v1alpha1.Queue, admits []*decide.Admission, failed []*corev1.Pod) {
+	skip := map[types.UID]bool{}
+	for _, p := range failed {
+		skip[p.UID] = true
+	}
+	type tally struct {
+		pods      int
+		workloads []string
+	}
+	byQueue := map[string]*tally{}
+	for _, ad := range admits {
+		n := 0
+		for _, p := range ad.Pods {
+			if !skip[p.UID] {
+				n++
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		t := byQueue[ad.Workload.QueueName]
+		if t == nil {
+			t = &tally{}
+			byQueue[ad.Workload.QueueName] = t
+		}
+		t.pods += n
+		t.workloads = append(t.workloads, ad.Workload.Key)
+	}
+	for _, q := range queues {
+		t := byQueue[q.Name]
+		if t == nil {
+			continue
+		}
+		named := t.workloads
+		more := ""
+		if len(named) > maxNamedInEvent {
+			more = fmt.Sprintf(" and %d more", len(named)-maxNamedInEvent)
+			named = named[:maxNamedInEvent]
+		}
+		a.Recorder.Eventf(q, nil, corev1.EventTypeNormal, decide.ReasonAdmitted, "Admit",
+			"admitted %d pods of %d workloads: %s%s", t.pods, len(t.workloads), strings.Join(named, ", "), more)
+	}
 }

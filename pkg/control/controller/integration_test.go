@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/pkg/control/decide"
+
 	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -196,14 +198,7 @@ func gated(p *corev1.Pod) bool {
 	return false
 }
 
-func condition(p *corev1.Pod) *corev1.PodCondition {
-	for i := range p.Status.Conditions {
-		if p.Status.Conditions[i].Type == v1alpha1.AdmissionCondition {
-			return &p.Status.Conditions[i]
-		}
-	}
-	return nil
-}
+func condition(p *corev1.Pod) *corev1.PodCondition { return decide.AdmissionCondition(p) }
 
 func (e *env) waitAdmitted(names ...string) {
 	e.t.Helper()
@@ -217,8 +212,14 @@ func (e *env) waitAdmitted(names ...string) {
 				}
 				return fmt.Errorf("still gated")
 			}
-			if c := condition(p); c == nil || c.Status != corev1.ConditionTrue {
-				return fmt.Errorf("no Admitted condition: %+v", c)
+			// The ungating patch records the admission; a condition is
+			// there only where the pod was told something before, and
+			// then it says Admitted.
+			if p.Annotations[v1alpha1.AdmittedAtAnnotation] == "" || p.Annotations[v1alpha1.AdmittedByAnnotation] == "" {
+				return fmt.Errorf("ungated without the admission annotations: %v", p.Annotations)
+			}
+			if c := condition(p); c != nil && (c.Status != corev1.ConditionTrue || c.Reason != decide.ReasonAdmitted) {
+				return fmt.Errorf("a stale admission condition: %+v", c)
 			}
 			return nil
 		})
@@ -249,6 +250,24 @@ func (e *env) waitWaiting(name, reason, message string) {
 			}
 		}
 		return fmt.Errorf("no event %s %q among %d", reason, message, len(evs.Items))
+	})
+}
+
+// waitQueueEvent waits for an event on the (cluster-scoped) queue, which
+// the API keeps in the default namespace.
+func (e *env) waitQueueEvent(queue, reason, note string) {
+	e.t.Helper()
+	testutil.Eventually(e.t, 30*time.Second, "event on queue "+queue, func() error {
+		var evs eventsv1.EventList
+		if err := e.c.List(e.ctx, &evs, client.InNamespace("default")); err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Kind == "Queue" && ev.Regarding.Name == queue && ev.Reason == reason && ev.Note == note {
+				return nil
+			}
+		}
+		return fmt.Errorf("no event %s %q on queue %s among %d", reason, note, queue, len(evs.Items))
 	})
 }
 
@@ -391,6 +410,12 @@ func TestController(t *testing.T) {
 			t.Error("labelled pod was not gated at creation")
 		}
 		e.waitAdmitted("a1")
+		// Admitted in its first cycle: no condition written, one event on
+		// the queue for the cycle.
+		if c := condition(e.pod("a1")); c != nil {
+			t.Errorf("a pod admitted without waiting got a condition written: %+v", c)
+		}
+		e.waitQueueEvent("team-a", "Admitted", "admitted 1 pods of 1 workloads: default/a1")
 		testutil.Eventually(t, 30*time.Second, "team-a status", func() error {
 			st := e.queueStatus("team-a")
 			if qty(st.Allocated, v1alpha1.ResourceGPUMemory) != "12Gi" || st.AdmittedWorkloads != 1 {
@@ -459,6 +484,12 @@ func TestController(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.waitAdmitted("train-0", "train-1", "train-2", "train-3")
+		// The gang waited: its condition said DoesNotFit, and now says
+		// Admitted; the queue has one event for the four pods.
+		if c := condition(e.pod("train-3")); c == nil || c.Reason != decide.ReasonAdmitted {
+			t.Errorf("train-3 waited, then was admitted: condition %+v", c)
+		}
+		e.waitQueueEvent("team-b", "Admitted", "admitted 4 pods of 1 workloads: default/train-1")
 		for i := range 4 {
 			p := e.pod(fmt.Sprintf("train-%d", i))
 			if pinnedTo(p) != "node-1" || p.Annotations[v1alpha1.NodeAnnotation] != "node-1" {
