@@ -418,3 +418,18 @@ func BinariesCached() bool {
 	}
 	return true
 }
+
+// goBuild builds a package of the Tessera repository into out.
+// A build that takes long (a cold Go build cache compiles the Kubernetes
+// client libraries first) reports progress every 20 s.
+func (c *Cluster) goBuild(ctx context.Context, out, pkg string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+	cmd.Dir = c.Opts.RepoRoot
+	defer progress(20*time.Second, func(elapsed time.Duration) {
+		c.logf("  still building %s (%s elapsed; a cold Go build cache takes minutes)", pkg, elapsed.Round(time.Second))
+	})()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build -o %s %s: %w\n%s", out, pkg, err, b)
+	}
+	return nil
+}

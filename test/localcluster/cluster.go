@@ -7,7 +7,6 @@ package localcluster
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,12 +19,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tessera-dev/tessera/test/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // DriverName is the DRA driver the Tessera kubelet plugin registers.
@@ -570,6 +570,8 @@ func checkPortsFree() error {
 	return nil
 }
 
+// httpGet GETs url (3 s timeout, no proxy) and returns the body; a status
+// other than 200 is an error, with the body.
 func httpGet(url string, tlsConfig *tls.Config) (string, error) {
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig, Proxy: nil}}
 	resp, err := client.Get(url)
@@ -584,31 +586,6 @@ func httpGet(url string, tlsConfig *tls.Config) (string, error) {
 	return string(b), err
 }
 
-// ctr runs containerd's ctr against this cluster's containerd.
-func (c *Cluster) ctr(ctx context.Context, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, c.Bin.Ctr, append([]string{"--address", c.Dirs.ContainerdSocket}, args...)...)
-	cmd.Env = []string{c.hostPath()}
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
-// ImagePresent tells whether containerd has image ref in the k8s.io
-// namespace (where the kubelet looks), without pulling anything.
-func (c *Cluster) ImagePresent(ctx context.Context, ref string) (bool, error) {
-	out, err := c.ctr(ctx, "-n", "k8s.io", "images", "ls", "-q")
-	if err != nil {
-		return false, fmt.Errorf("ctr images ls: %w: %s", err, out)
-	}
-	for _, l := range strings.Split(out, "\n") {
-		if strings.TrimSpace(l) == ref {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
 // Kubectl runs the cluster's own kubectl (never one from PATH) with the
 // admin kubeconfig and returns its combined output.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
@@ -619,111 +596,4 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
-}
-
-// goBuild builds a package of the Tessera repository into out.
-// A build that takes long (a cold Go build cache compiles the Kubernetes
-// client libraries first) reports progress every 20 s.
-func (c *Cluster) goBuild(ctx context.Context, out, pkg string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
-	cmd.Dir = c.Opts.RepoRoot
-	defer progress(20*time.Second, func(elapsed time.Duration) {
-		c.logf("  still building %s (%s elapsed; a cold Go build cache takes minutes)", pkg, elapsed.Round(time.Second))
-	})()
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build -o %s %s: %w\n%s", out, pkg, err, b)
-	}
-	return nil
-}
-
-// ComponentStatus is one line of Status.
-type ComponentStatus struct {
-	Name    string `json:"name"`
-	PID     int    `json:"pid,omitempty"`
-	Running bool   `json:"running"`
-	Log     string `json:"log"`
-}
-
-// Status reports every component that has a pid file.
-func (c *Cluster) Status() []ComponentStatus {
-	var out []ComponentStatus
-	for _, n := range allComponents {
-		pid, exe, err := readPidFile(c.pidFile(n))
-		if err != nil {
-			continue
-		}
-		out = append(out, ComponentStatus{Name: n, PID: pid, Running: procAlive(pid, exe), Log: c.LogPath(n)})
-	}
-	return out
-}
-
-var allComponents = []string{compEtcd, compContainerd, compAPIServer, compCM, compScheduler, compKubelet, compPlugin, compController, compKwok, compKueue}
-
-// ArchiveLogs copies every component log into <work>/archive/<time>-<reason>
-// and returns that directory. The five newest archives are kept.
-func (c *Cluster) ArchiveLogs(reason string) (string, error) {
-	dst := filepath.Join(c.Dirs.Archive, time.Now().Format("20060102-150405")+"-"+reason)
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return "", err
-	}
-	entries, err := os.ReadDir(c.Dirs.Logs)
-	if err != nil {
-		return "", err
-	}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(c.Dirs.Logs, e.Name()))
-		if err != nil {
-			continue
-		}
-		_ = os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644)
-	}
-	for _, p := range c.driverPodLogs() {
-		if b, err := os.ReadFile(p); err == nil {
-			_ = os.WriteFile(filepath.Join(dst, c.driverPodLogName(p)), b, 0o644)
-		}
-	}
-	if old, err := os.ReadDir(c.Dirs.Archive); err == nil && len(old) > 5 {
-		for _, e := range old[:len(old)-5] { // names sort by time
-			_ = os.RemoveAll(filepath.Join(c.Dirs.Archive, e.Name()))
-		}
-	}
-	return dst, nil
-}
-
-// LogTails returns the last n lines of every component log, for printing
-// when a test fails.
-func (c *Cluster) LogTails(n int) string {
-	var sb strings.Builder
-	for _, name := range allComponents {
-		if _, err := os.Stat(c.LogPath(name)); err != nil {
-			continue
-		}
-		fmt.Fprintf(&sb, "===== last %d lines of %s =====\n%s\n", n, c.LogPath(name), c.LogTail(name, n))
-	}
-	// The chart's pods (plugin, controller): from the kubelet's pod logs
-	// while they exist, else from the copies teardown saved.
-	podLogs := c.driverPodLogs()
-	if len(podLogs) == 0 {
-		podLogs, _ = filepath.Glob(filepath.Join(c.Dirs.Logs, "pod_*.log"))
-	}
-	for _, p := range podLogs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		fmt.Fprintf(&sb, "===== last %d lines of %s =====\n%s\n", n, p, tail(string(b), n))
-	}
-	return sb.String()
-}
-
-// statusJSON is what `status` prints.
-func (c *Cluster) StatusJSON() string {
-	b, _ := json.MarshalIndent(map[string]any{
-		"workDir":    c.Dirs.Root,
-		"install":    c.Opts.Install,
-		"kubeconfig": c.Kubeconfig,
-		"kubectl":    c.Bin.Kubectl,
-		"components": c.Status(),
-	}, "", "  ")
-	return string(b)
 }

@@ -3,6 +3,7 @@ package localcluster
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -202,4 +203,36 @@ func writeBusyboxImage(busybox, dst string) error {
 		return err
 	}
 	return os.WriteFile(dst, img, 0o644)
+}
+
+// ctr runs containerd's ctr against this cluster's containerd.
+func (c *Cluster) ctr(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.Bin.Ctr, append([]string{"--address", c.Dirs.ContainerdSocket}, args...)...)
+	cmd.Env = []string{c.hostPath()}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// ImagePresent tells whether containerd has image ref in the k8s.io
+// namespace (where the kubelet looks), without pulling anything.
+func (c *Cluster) ImagePresent(ctx context.Context, ref string) (bool, error) {
+	d, err := c.imageDigest(ctx, ref)
+	return d != "", err
+}
+
+// imageDigest is the manifest digest containerd lists for ref ("" if none).
+func (c *Cluster) imageDigest(ctx context.Context, ref string) (string, error) {
+	out, err := c.ctr(ctx, "-n", "k8s.io", "images", "ls")
+	if err != nil {
+		return "", fmt.Errorf("ctr images ls: %w: %s", err, out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && f[0] == ref {
+			return f[2], nil
+		}
+	}
+	return "", nil
 }

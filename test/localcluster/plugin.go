@@ -13,10 +13,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tessera-dev/tessera/test/imagebuild"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/test/imagebuild"
 )
 
 // DeviceClassesFile is applied after the API server is ready when it exists.
@@ -419,4 +420,21 @@ func (c *Cluster) PluginRunning() bool {
 		return c.chartPluginRunning(context.Background())
 	}
 	return c.running(compPlugin)
+}
+
+// waitDevices waits until the plugin publishes want, the devices of cfg
+// (any ResourceSlice of the driver on the node when want is nil), failing
+// when one of the processes in alive exits.
+func (c *Cluster) waitDevices(ctx context.Context, cfg PluginConfig, want []string, alive []string) error {
+	what := "ResourceSlice of " + DriverName + " on " + NodeName
+	if want != nil {
+		what = fmt.Sprintf("ResourceSlices of %s on %s with the %d devices of %s", DriverName, NodeName, len(want), cfg)
+	}
+	return c.waitFor(ctx, what, 60*time.Second, alive, func() (bool, error) {
+		got, err := c.PublishedDevices(ctx)
+		if err != nil || got == nil {
+			return false, nil
+		}
+		return want == nil || slices.Equal(got, want), nil
+	})
 }

@@ -296,3 +296,21 @@ func showUsage(ctx context.Context, r *Run) error {
 		}
 	}
 }
+
+// lastLines returns the last n lines of s, newline-terminated.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+// indent prefixes every line of s.
+func indent(s, prefix string) string {
+	var sb strings.Builder
+	for _, l := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		sb.WriteString(prefix + l + "\n")
+	}
+	return sb.String()
+}

@@ -29,20 +29,10 @@ func (e *Engine) Status(ctx context.Context, snap *Snapshot) (*QueueStatuses, er
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	start := time.Now()
-	// Kept for the next refresh or cycle, as Decide keeps it (the slices
-	// as listed: DeviceTaintRules change no charge).
-	e.keepCatalog(snap)
-	c := e.newCycle(ctx, snap, e.catalog, nil)
-	workloads := append(groupWorkloads(snap.Pods, c.tree), c.adopt()...)
-	var pending []*Workload
-	for _, w := range workloads {
-		if w.Admitted {
-			c.admitted = append(c.admitted, w)
-		} else {
-			pending = append(pending, w)
-		}
-	}
-	if err := c.chargeAdmitted(); err != nil {
+	// The catalog is kept for the next refresh or cycle, as Decide keeps
+	// it (the slices as listed: DeviceTaintRules change no charge).
+	c, pending, err := e.open(ctx, snap, false)
+	if err != nil {
 		return nil, err
 	}
 	for _, w := range pending {
@@ -60,4 +50,44 @@ func (e *Engine) Status(ctx context.Context, snap *Snapshot) (*QueueStatuses, er
 	c.tree.ComputeFairShare(c.cat.Capacity())
 	c.queueStatus()
 	return &QueueStatuses{Queues: c.dec.Queues, Duration: time.Since(start)}, nil
+}
+
+// queueStatus records the status of every queue in the decision: what it
+// holds, its pending demand and fair share, its workload counts and, when
+// a claim of it is sampled, the memory its workloads use.
+func (c *cycle) queueStatus() {
+	for name, q := range c.tree.Queues {
+		st := &v1alpha1.QueueStatus{
+			Allocated: list(q.Allocated),
+			Pending:   list(q.Pending),
+			FairShare: list(q.FairShare),
+		}
+		if n := c.counts[q]; n != nil {
+			st.AdmittedWorkloads, st.PendingWorkloads = n[0], n[1]
+		}
+		if c.sampled[q] {
+			st.Used = v1alpha1.ResourceList{queue.Names[queue.Memory]: queue.Quantity(queue.Memory, int64(c.used[q]))}
+		}
+		c.dec.Queues[name] = st
+	}
+}
+
+// list is v as a resource list, every resource named.
+func list(v queue.Vector) v1alpha1.ResourceList {
+	out := v1alpha1.ResourceList{}
+	for r := range queue.NumResources {
+		out[queue.Names[r]] = queue.Quantity(queue.Resource(r), v[r])
+	}
+	return out
+}
+
+// QueueProblems returns why queues cannot take workloads, by name.
+func QueueProblems(queues []*v1alpha1.Queue) map[string]string {
+	out := map[string]string{}
+	for name, q := range queue.NewTree(queues).Queues {
+		if q.Invalid != "" {
+			out[name] = q.Invalid
+		}
+	}
+	return out
 }

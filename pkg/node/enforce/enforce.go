@@ -28,9 +28,6 @@ package enforce
 import (
 	"fmt"
 	"math"
-	"os"
-	"path"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -134,33 +131,6 @@ const (
 	EnvRecordKernelInterval = "RECORD_KERNEL_INTERVAL"
 )
 
-// HAMiCoreVersion is the HAMi-core revision whose inputs (environment
-// variables and files, docs/enforcement.md "What a container can change")
-// the plugin sets or masks.
-const HAMiCoreVersion = "8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811"
-
-// HAMiCoreEnv are the environment variables HAMiCoreVersion's src/ reads
-// (every getenv; "<i>" stands for a device index 0-15). In interposer mode
-// the claim's CDI spec sets every one of them but LIBCUDA_LOG_LEVEL
-// (logging); admission refuses them in a claim user's env, except
-// HAMiCoreEnvAllowed.
-var HAMiCoreEnv = []string{
-	EnvMemoryLimit, EnvMemoryLimitPrefix + "<i>", EnvSMLimit, EnvSMLimitPrefix + "<i>", // multiprocess_memory_limit.c
-	EnvSharedCache, EnvCoreUtilizationPolicy, EnvActiveOOMKiller, EnvTaskPriority, EnvRecordKernelInterval, // multiprocess_memory_limit.c
-	EnvCUDARedirect,       // libvgpu.c
-	EnvCudaVisibleDevices, // utils.c
-	"LIBCUDA_LOG_LEVEL",   // log_utils.c
-}
-
-// HAMiCoreEnvAllowed are the HAMiCoreEnv a pod may still set: the CDI
-// value replaces CUDA_VISIBLE_DEVICES's (many images and scripts set it;
-// refusing it would buy nothing), and LIBCUDA_LOG_LEVEL only sets how much
-// HAMi-core logs.
-var HAMiCoreEnvAllowed = []string{EnvCudaVisibleDevices, "LIBCUDA_LOG_LEVEL"}
-
-// maxInterposerDevices is how many per-device variables the interposer reads.
-const maxInterposerDevices = 16
-
 // Node is what the node offers for enforcement.
 type Node struct {
 	// InterposerLibrary is the host path of a HAMi-core compatible
@@ -178,19 +148,6 @@ type Node struct {
 	// in mps mode (Claim.MPSPipeDir), with daemon-side limits; node
 	// daemons (MPSPipeDir) are then not used.
 	MPSPerClaim bool
-}
-
-// mpsDaemon returns the pipe directory of the MPS daemon serving a GPU.
-func (n Node) mpsDaemon(gpuUUID string) (string, bool) {
-	if n.MPSPipeDir == "" {
-		return "", false
-	}
-	for _, dir := range []string{filepath.Join(n.MPSPipeDir, gpuUUID), n.MPSPipeDir} {
-		if _, err := os.Stat(filepath.Join(dir, "control")); err == nil {
-			return dir, true
-		}
-	}
-	return "", false
 }
 
 // Allocation is one allocated device of a claim (one allocation result).
@@ -297,8 +254,64 @@ func ComputeCap(a Allocation) (int, error) {
 }
 
 // Plan computes the environment and mounts for a claim. accountingHostDir
-// is where the claim's fresh accounting directory lives on the host.
+// is where the claim's fresh accounting directory lives on the host. Each
+// visible device is planned by its effective mode (mig.go, interposer.go,
+// mps.go); the variables that tell the workload what it got and the
+// framework caps cover every device.
 func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string) (*Result, error) {
+	visible, err := visibleDevices(allocs)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{}
+	ip := newInterposerPlan(visible)
+	var mp mpsPlan
+	fw := newFrameworkCaps()
+	for i := range visible {
+		v := &visible[i]
+		v.Index = i
+		v.Mode, v.Enforced = effectiveMode(v.alloc, node), Advisory
+		reported := v.alloc.ReportedTotal
+		switch v.Mode {
+		case ModeMIG, ModeExclusive:
+			planHard(v)
+		case ModeInterposer:
+			reported = ip.device(v, node)
+		case ModeMPS:
+			if err := mp.device(v, claim, node, visible); err != nil {
+				return nil, err
+			}
+		}
+		if err := checkFloor(*v, v.alloc, node); err != nil {
+			return nil, err
+		}
+		fw.add(v.alloc, reported)
+		c := v.alloc.Cores
+		if c == 0 || v.Mode == ModeMIG || v.Mode == ModeExclusive {
+			c = 100
+		}
+		v.Memory, v.Cores = v.alloc.Memory, c
+	}
+	uuids := strings.Join(column(visible, func(v Visible) string { return v.UUID }), ",")
+	env := []string{
+		EnvNvidiaVisibleDevices + "=" + uuids,
+		EnvCudaVisibleDevices + "=" + uuids,
+	}
+	env = ip.apply(env, res, claim, node, accountingHostDir)
+	if env, err = mp.apply(env, res, claim); err != nil {
+		return nil, err
+	}
+	env = fw.apply(env)
+	res.Env = append(env, tesseraEnv(claim, visible)...)
+	for _, v := range visible {
+		res.Visible = append(res.Visible, v.Visible)
+	}
+	return res, nil
+}
+
+// visibleDevices are the claim's allocations with their compute caps
+// (ComputeCap), merged per CUDA device (merge).
+func visibleDevices(allocs []Allocation) ([]visibleDevice, error) {
 	capped := make([]Allocation, len(allocs))
 	for i, a := range allocs {
 		c, err := ComputeCap(a)
@@ -315,213 +328,70 @@ func Plan(claim Claim, allocs []Allocation, node Node, accountingHostDir string)
 	if len(visible) > maxInterposerDevices {
 		return nil, fmt.Errorf("claim has %d devices; at most %d per claim are supported", len(visible), maxInterposerDevices)
 	}
-	res := &Result{}
-	var (
-		uuids, modes, levels, names, mems, cores []string
-		interposer, preload                      bool
-		mpsPinned                                []string
-		mpsThreads                               = 0
-		mpsDir                                   string
-		fraction                                 = math.Inf(1)
-		wantCaps                                 = map[v1alpha1.FrameworkCap]bool{}
-		// memLimit and smLimit are every visible device's interposer
-		// limits: its allocation in interposer mode, no cap otherwise.
-		memLimit, smLimit = make([]uint64, len(visible)), make([]int, len(visible))
-		minMem, minSM     = uint64(math.MaxUint64), 100
-	)
-	for i := range visible {
-		v := &visible[i]
-		a := v.alloc
-		v.Index = i
-		mode := effectiveMode(a, node)
-		v.Mode, v.Enforced = mode, Advisory
-		reported := a.ReportedTotal
-		mib := a.Memory >> 20
-		// Not capped by the interposer: the device's own memory.
-		memLimit[i], smLimit[i] = max(a.ReportedTotal, a.Memory)>>20, 100
-		switch mode {
-		case ModeMIG, ModeExclusive:
-			v.Enforced = Hard
-		case ModeInterposer:
-			interposer = true
-			memLimit[i], minMem = mib, min(minMem, mib)
-			if a.Cores > 0 && a.Cores < 100 {
-				smLimit[i], minSM = a.Cores, min(minSM, a.Cores)
-			}
-			if node.InterposerLibrary != "" {
-				preload = true
-				v.Enforced = Interposer
-				// The interposer reports the cap as the device's total.
-				reported = a.Memory
-			} else {
-				v.Note = "the node has no interposer library (--interposer-library); the limits take effect only if the image preloads one"
-			}
-		case ModeMPS:
-			mpsPinned = append(mpsPinned, fmt.Sprintf("%d=%dM", i, mib))
-			if a.Cores > 0 && a.Cores < 100 && (mpsThreads == 0 || a.Cores < mpsThreads) {
-				mpsThreads = a.Cores
-			}
-			if node.MPSPerClaim {
-				if res.MPS == nil {
-					res.MPS = &mps.Limits{}
-				}
-				res.MPS.Devices = append(res.MPS.Devices, mps.Device{UUID: a.UUID, MemMiB: mib})
-				mpsDir = claim.MPSPipeDir
-				v.Enforced = MPS
-			} else if dir, ok := node.mpsDaemon(a.GPUUUID); ok {
-				if mpsDir != "" && mpsDir != dir {
-					return nil, fmt.Errorf("devices %s are served by different MPS daemons (%s and %s); one claim in mps mode can use only one daemon", strings.Join(deviceNames(visible), ", "), mpsDir, dir)
-				}
-				mpsDir = dir
-				v.Enforced = MPS
-			} else {
-				v.Note = "no MPS daemon serves this GPU (--mps-pipe-dir); the MPS limits take effect only under a daemon"
-			}
-		}
-		if err := checkFloor(*v, a, node); err != nil {
-			return nil, err
-		}
-		for _, fc := range a.Config.FrameworkCaps {
-			wantCaps[fc] = true
-		}
-		if reported > 0 {
-			fraction = min(fraction, float64(a.Memory)/float64(reported))
-		}
-		uuids = append(uuids, v.UUID)
-		modes = append(modes, string(v.Mode))
-		levels = append(levels, string(v.Enforced))
-		names = append(names, strings.Join(v.Devices, "+"))
-		mems = append(mems, strconv.FormatUint(a.Memory, 10))
-		c := a.Cores
-		if c == 0 || v.Mode == ModeMIG || v.Mode == ModeExclusive {
-			c = 100
-		}
-		v.Memory, v.Cores = a.Memory, c
-		cores = append(cores, strconv.Itoa(c))
+	return visible, nil
+}
+
+// tesseraEnv are the TESSERA_* variables: the claim, and per visible
+// device (comma-separated, in CUDA order) its devices, UUID, mode, what
+// enforces it and its limits.
+func tesseraEnv(claim Claim, visible []visibleDevice) []string {
+	list := func(f func(Visible) string) string { return strings.Join(column(visible, f), ",") }
+	return []string{
+		EnvTesseraClaim + "=" + claim.Namespace + "/" + claim.Name,
+		EnvTesseraDevice + "=" + list(func(v Visible) string { return strings.Join(v.Devices, "+") }),
+		EnvTesseraUUID + "=" + list(func(v Visible) string { return v.UUID }),
+		EnvTesseraMode + "=" + list(func(v Visible) string { return string(v.Mode) }),
+		EnvTesseraEnforced + "=" + list(func(v Visible) string { return string(v.Enforced) }),
+		EnvTesseraMemoryLimit + "=" + list(func(v Visible) string { return strconv.FormatUint(v.Memory, 10) }),
+		EnvTesseraComputeLimit + "=" + list(func(v Visible) string { return strconv.Itoa(v.Cores) }),
 	}
-	env := []string{
-		EnvNvidiaVisibleDevices + "=" + strings.Join(uuids, ","),
-		EnvCudaVisibleDevices + "=" + strings.Join(uuids, ","),
-	}
-	if interposer {
-		// Every variable the interposer reads is set, so that none comes
-		// from the pod or the image (HAMiCoreVersion's getenv calls; only
-		// LIBCUDA_LOG_LEVEL, logging, is left): a limit for every visible
-		// index (a device the interposer does not cap gets its own size
-		// and 100 %), the fallbacks it reads for an index without one (the
-		// smallest limit), the compute policy, which the pod could
-		// otherwise set to "disable" to switch the compute limiter off,
-		// and HAMi-core's defaults for the rest. CUDA_REDIRECT goes with
-		// the library (below).
-		for i := range visible {
-			env = append(env, fmt.Sprintf("%s%d=%dm", EnvMemoryLimitPrefix, i, memLimit[i]))
-		}
-		env = append(env, fmt.Sprintf("%s=%dm", EnvMemoryLimit, minMem))
-		for i := range visible {
-			env = append(env, fmt.Sprintf("%s%d=%d", EnvSMLimitPrefix, i, smLimit[i]))
-		}
-		env = append(env, fmt.Sprintf("%s=%d", EnvSMLimit, minSM), EnvCoreUtilizationPolicy+"=force",
-			EnvActiveOOMKiller+"=true", EnvTaskPriority+"=1", EnvRecordKernelInterval+"=1")
-		res.AccountingDir = accountingHostDir
-		containerDir := path.Join(AccountingRoot, claim.UID)
-		env = append(env, fmt.Sprintf("%s=%s/vgpu-%s.cache", EnvSharedCache, containerDir, claim.ShareKey))
-		res.Mounts = append(res.Mounts, &cdispec.Mount{
-			HostPath:      accountingHostDir,
-			ContainerPath: containerDir,
-			Options:       []string{"rw", "nosuid", "nodev", "noexec", "bind"},
-		})
-	}
-	if preload {
-		lib := path.Join(InterposerDir, filepath.Base(node.InterposerLibrary))
-		// LD_PRELOAD stays for tools that read it; the loader is held to
-		// the library by the read-only preload list, which a process
-		// that unsets LD_PRELOAD (or an exec with a fresh environment)
-		// cannot drop.
-		env = append(env, EnvLDPreload+"="+lib, EnvCUDARedirect+"="+lib)
-		res.Mounts = append(res.Mounts, &cdispec.Mount{
-			HostPath:      node.InterposerLibrary,
-			ContainerPath: lib,
-			Options:       []string{"ro", "nosuid", "nodev", "bind"},
-		}, &cdispec.Mount{
-			HostPath:      hostNull,
-			ContainerPath: OverrideEnvFile,
-			Options:       []string{"ro", "nosuid", "noexec", "bind"},
-		})
-		if claim.PreloadFile != "" {
-			res.PreloadFile, res.PreloadContent = claim.PreloadFile, PreloadList(lib)
-			res.Mounts = append(res.Mounts, &cdispec.Mount{
-				HostPath:      claim.PreloadFile,
-				ContainerPath: LDSoPreload,
-				Options:       []string{"ro", "nosuid", "nodev", "noexec", "bind"},
-			})
-		}
-	}
-	if res.MPS != nil {
-		res.MPS.ThreadPercent = mpsThreads
-		if claim.MPSPipeDir == "" {
-			return nil, fmt.Errorf("claim %s/%s: no pipe directory for its MPS daemon", claim.Namespace, claim.Name)
-		}
-	}
-	if len(mpsPinned) > 0 {
-		// Client-side limits too: the daemon's defaults are what a
-		// tenant cannot raise; these only restate them.
-		env = append(env, EnvMPSPinnedMem+"="+strings.Join(mpsPinned, ","))
-		if mpsThreads > 0 {
-			env = append(env, fmt.Sprintf("%s=%d", EnvMPSThreads, mpsThreads))
-		}
-		if mpsDir != "" {
-			env = append(env, EnvMPSPipe+"="+MPSPipeDir)
-			res.Mounts = append(res.Mounts, &cdispec.Mount{
-				HostPath:      mpsDir,
-				ContainerPath: MPSPipeDir,
-				Options:       []string{"rw", "nosuid", "nodev", "bind"},
-			})
-		}
-	}
-	if !math.IsInf(fraction, 1) {
-		f := formatFraction(fraction)
-		if wantCaps[v1alpha1.FrameworkCapPyTorch] {
-			env = append(env, EnvPyTorchAllocConf+"=per_process_memory_fraction:"+f)
-		}
-		if wantCaps[v1alpha1.FrameworkCapXLA] {
-			env = append(env, EnvXLAFraction+"="+f, EnvXLAPythonFraction+"="+f)
-		}
-	}
-	env = append(env,
-		EnvTesseraClaim+"="+claim.Namespace+"/"+claim.Name,
-		EnvTesseraDevice+"="+strings.Join(names, ","),
-		EnvTesseraUUID+"="+strings.Join(uuids, ","),
-		EnvTesseraMode+"="+strings.Join(modes, ","),
-		EnvTesseraEnforced+"="+strings.Join(levels, ","),
-		EnvTesseraMemoryLimit+"="+strings.Join(mems, ","),
-		EnvTesseraComputeLimit+"="+strings.Join(cores, ","),
-	)
-	res.Env = env
+}
+
+// column is f of every visible device.
+func column(visible []visibleDevice, f func(Visible) string) []string {
+	out := make([]string, 0, len(visible))
 	for _, v := range visible {
-		res.Visible = append(res.Visible, v.Visible)
+		out = append(out, f(v.Visible))
 	}
-	return res, nil
+	return out
 }
 
-// PreloadList is the content of a claim's preload file naming the
-// libraries at their container paths, one a line.
-func PreloadList(libs ...string) []byte {
-	return []byte(strings.Join(libs, "\n") + "\n")
+// frameworkCaps collects the framework memory caps a claim's devices ask
+// for (GpuConfig.FrameworkCaps) and the smallest fraction of a device's
+// reported memory that the claim may use.
+type frameworkCaps struct {
+	want     map[v1alpha1.FrameworkCap]bool
+	fraction float64
 }
 
-// PreloadListFromSpec rebuilds a claim's preload file from the CDI spec it
-// was written with (its LD_PRELOAD), to restore a file that went missing;
-// false when the spec preloads nothing.
-func PreloadListFromSpec(spec *cdispec.Spec) ([]byte, bool) {
-	if spec == nil {
-		return nil, false
+// newFrameworkCaps starts with no cap asked for and no fraction.
+func newFrameworkCaps() *frameworkCaps {
+	return &frameworkCaps{want: map[v1alpha1.FrameworkCap]bool{}, fraction: math.Inf(1)}
+}
+
+// add counts a device whose memory CUDA reports as reported (0: unknown).
+func (fw *frameworkCaps) add(a Allocation, reported uint64) {
+	for _, fc := range a.Config.FrameworkCaps {
+		fw.want[fc] = true
 	}
-	for _, e := range spec.ContainerEdits.Env {
-		if v, ok := strings.CutPrefix(e, EnvLDPreload+"="); ok && v != "" {
-			return PreloadList(strings.Split(v, ":")...), true
-		}
+	if reported > 0 {
+		fw.fraction = min(fw.fraction, float64(a.Memory)/float64(reported))
 	}
-	return nil, false
+}
+
+// apply appends the variables of the caps asked for.
+func (fw *frameworkCaps) apply(env []string) []string {
+	if math.IsInf(fw.fraction, 1) {
+		return env
+	}
+	f := formatFraction(fw.fraction)
+	if fw.want[v1alpha1.FrameworkCapPyTorch] {
+		env = append(env, EnvPyTorchAllocConf+"=per_process_memory_fraction:"+f)
+	}
+	if fw.want[v1alpha1.FrameworkCapXLA] {
+		env = append(env, EnvXLAFraction+"="+f, EnvXLAPythonFraction+"="+f)
+	}
+	return env
 }
 
 // formatFraction rounds down to three decimals so a cap never exceeds the
@@ -531,62 +401,9 @@ func formatFraction(f float64) string {
 	return strconv.FormatFloat(f, 'f', 3, 64)
 }
 
-// levelRank places what enforces a device on the floor's scale
-// (v1alpha1.EnforcementFloors): advisory is none.
-func levelRank(l Level) int {
-	switch l {
-	case Interposer:
-		return v1alpha1.FloorRank(v1alpha1.EnforcementInterposer)
-	case MPS:
-		return v1alpha1.FloorRank(v1alpha1.EnforcementMPS)
-	}
-	return 0
-}
-
-// modeRank is the best a mode can deliver on any node, on the floor's
-// scale.
-func modeRank(m Mode) int {
-	switch m {
-	case ModeInterposer:
-		return levelRank(Interposer)
-	case ModeMPS:
-		return levelRank(MPS)
-	}
-	return 0
-}
-
-// checkFloor fails a device whose effective enforcement is weaker than the
-// stronger of its class's floor and the node's. MIG devices and exclusive
-// GPUs are isolated without software and satisfy every floor. The error
-// says who set the floor and whether the claim asked for less or the node
-// cannot deliver it.
-func checkFloor(v visibleDevice, a Allocation, node Node) error {
-	if v.Mode == ModeMIG || v.Mode == ModeExclusive {
-		return nil
-	}
-	floor := v1alpha1.MaxFloor(a.Config.MinEnforcement, node.MinEnforcement)
-	want := v1alpha1.FloorRank(floor)
-	if want <= 0 || levelRank(v.Enforced) >= want {
-		return nil
-	}
-	who := "its DeviceClass (minEnforcement)"
-	if v1alpha1.FloorRank(node.MinEnforcement) >= v1alpha1.FloorRank(a.Config.MinEnforcement) {
-		who = "this node (--min-enforcement)"
-	}
-	dev := strings.Join(v.Devices, "+")
-	asked := a.Config.Enforcement
-	if asked != v1alpha1.EnforcementAuto && modeRank(v.Mode) < want {
-		return fmt.Errorf("device %s: enforcement %s is weaker than the floor %s set by %s; refusing to prepare: use enforcement %s or auto",
-			dev, asked, floor, who, floor)
-	}
-	missing := "no interposer library (--interposer-library)"
-	if floor == v1alpha1.EnforcementMPS && v.Mode != ModeInterposer {
-		missing = fmt.Sprintf("no MPS daemon for GPU %s (--mps-control for one per claim, or --mps-pipe-dir)", a.GPUUUID)
-	}
-	return fmt.Errorf("device %s: the floor %s set by %s cannot be delivered on this node: enforcement %s resolved to %s and the node has %s; refusing to prepare",
-		dev, floor, who, asked, v.Mode, missing)
-}
-
+// effectiveMode is the mode a device is enforced in: mig for a MIG device,
+// exclusive for a whole GPU, else the configured enforcement, with auto
+// resolved on the node (see the package comment).
 func effectiveMode(a Allocation, node Node) Mode {
 	switch {
 	case a.Type == devicemodel.TypeMIG:
@@ -612,6 +429,8 @@ func effectiveMode(a Allocation, node Node) Mode {
 	return ModeNone
 }
 
+// visibleDevice is a visible device with the allocation it stands for
+// (merged, with its compute cap).
 type visibleDevice struct {
 	Visible
 	alloc Allocation
@@ -652,12 +471,4 @@ func merge(allocs []Allocation) ([]visibleDevice, error) {
 		}
 	}
 	return out, nil
-}
-
-func deviceNames(v []visibleDevice) []string {
-	var out []string
-	for _, d := range v {
-		out = append(out, d.Devices...)
-	}
-	return out
 }

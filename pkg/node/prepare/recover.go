@@ -388,27 +388,6 @@ func (p *Preparer) settle(uid string) {
 	delete(p.provisional, uid)
 }
 
-// holdersLocked returns every claim that holds devices on the node: the
-// records and the provisional reservations of claims waiting for repair.
-// The caller holds p.mu.
-func (p *Preparer) holdersLocked() []*checkpoint.Claim {
-	out := make([]*checkpoint.Claim, 0, len(p.claims)+len(p.provisional))
-	for _, c := range p.claims {
-		out = append(out, c)
-	}
-	for uid, c := range p.provisional {
-		if p.claims[uid] == nil {
-			out = append(out, c)
-		}
-	}
-	for uid, c := range p.newer {
-		if p.claims[uid] == nil && p.provisional[uid] == nil {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // isNewer says whether a claim's record is in a newer checkpoint format.
 func (p *Preparer) isNewer(uid string) bool {
 	p.mu.Lock()
@@ -558,59 +537,4 @@ func (p *Preparer) removeFiles(uid, specName, accountingDir string) error {
 		return p.opts.MPS.Stop(context.Background(), uid)
 	}
 	return nil
-}
-
-// OwnsMIG says whether a record (a prepared claim, or a prepare that
-// recorded its intent before creating) holds the MIG instance of a GPU
-// instance profile at a placement. The publisher leaves out the
-// placements of instances no record owns (devicemodel.Config.ForeignMIG).
-func (p *Preparer) OwnsMIG(gpuUUID string, giProfileID, start int) bool {
-	return p.migOwner("", mig.Instance{GPUUUID: gpuUUID, GIProfileID: giProfileID, Start: start}) != nil
-}
-
-// handleUnownedMIG deals with MIG instances in dynamic mode that no record
-// owns: Tessera did not create them (or lost every trace of doing so).
-// With MIGDestroyUnknown they are destroyed, as NVIDIA's DRA driver does;
-// otherwise they are left and logged, and the publisher leaves the
-// placements they block out of the slices. It reports whether it
-// destroyed any.
-func (p *Preparer) handleUnownedMIG(ctx context.Context) bool {
-	logger := klog.FromContext(ctx)
-	inv, _ := p.model()
-	if inv == nil || p.opts.MIGMode != devicemodel.MIGDynamic {
-		return false
-	}
-	destroyed := false
-	for _, gpu := range inv.GPUs {
-		if !gpu.MIGEnabled {
-			continue
-		}
-		unlock := p.opts.MIG.Lock(gpu.UUID)
-		all, err := p.opts.MIG.List(ctx, gpu.UUID)
-		if err != nil {
-			unlock()
-			logger.Error(err, "Could not list the MIG instances of a GPU", "gpu", gpu.UUID)
-			continue
-		}
-		seen := map[int]bool{}
-		for _, inst := range all {
-			if seen[inst.GIID] || p.migOwner("", inst) != nil {
-				continue
-			}
-			seen[inst.GIID] = true
-			if !p.opts.MIGDestroyUnknown {
-				logger.Info("MIG instance on a dynamically partitioned GPU was not created by Tessera; leaving it and publishing none of the placements it blocks (--mig-destroy-unknown removes it)",
-					"gpu", gpu.UUID, "gpuInstance", inst.GIID, "giProfileID", inst.GIProfileID, "start", inst.Start, "size", inst.Size)
-				continue
-			}
-			if err := p.opts.MIG.Destroy(ctx, inst); err != nil {
-				logger.Error(err, "Could not destroy a MIG instance Tessera did not create; its placements stay unpublished", "gpu", gpu.UUID, "gpuInstance", inst.GIID)
-				continue
-			}
-			destroyed = true
-			logger.Info("Destroyed a MIG instance Tessera did not create (--mig-destroy-unknown)", "gpu", gpu.UUID, "gpuInstance", inst.GIID, "giProfileID", inst.GIProfileID, "start", inst.Start)
-		}
-		unlock()
-	}
-	return destroyed
 }
