@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -75,7 +78,82 @@ func admissionThroughput(_ context.Context, r *report) error {
 	r.printf("- For scale: KAI reports 4,000 single-GPU jobs on 500 simulated nodes in about 6.6 minutes and a 512-pod job placed in about 49 s; Kueue 15,000 workloads over 30 queues in about 351 s. Those are end to end with their schedulers; the figures here are the admission decision alone; [Scale end to end](#scale-end-to-end) has Tessera's whole path on 500 KWOK nodes.\n")
 	r.target("Admission throughput (10,000 pods, 1,000 queues, 1,000 nodes)", ">= 1,000 workloads/s", fmt.Sprintf("%.0f workloads/s", a["workloads/s"]), a["workloads/s"] >= 1000)
 	r.target("512-pod gang decision", "< 1 s", sec(gang["ns/op"]), gang["ns/op"] < 1e9)
-	return migAdmission(r, sec)
+	if err := migAdmission(r, sec); err != nil {
+		return err
+	}
+	return decideScale(r, sec)
+}
+
+// decideScale shows how a decision cycle's cost grows with the cluster:
+// the Admission benchmark's 10,000 pods on 500 to 10,000 nodes (shares)
+// and on 500 to 5,000 nodes in dynamic MIG mode (1g.10gb each). The
+// short run takes the smallest size only.
+func decideScale(r *report, sec func(float64) string) error {
+	pattern := "DecideScale"
+	if r.short {
+		pattern = "DecideScale(MIG)?$/^nodes=500$"
+	}
+	g := goBenchRun{pkg: "./pkg/control/decide/", pattern: pattern, benchtime: "1x"}
+	r.printf("\n### Decision cycle by cluster size\n\n")
+	r.printf("The 10,000 pending pods of *Admission* (1,000 queues) on 500 to 10,000 copies of the 8 x H100 node: with memory shares and whole GPUs, and on nodes in dynamic MIG mode (200 devices per node) with every pod asking the smallest MIG device (1g.10gb), as the scale run's (m) workload does. *First*: from a fresh engine (a controller's first cycle after a start); *next*: the engine of the previous cycle with the same slices (every later cycle). Memory is what the cycle allocates (`-benchmem`), not what the engine keeps. One iteration per row, on a machine shared with other work: compare the rows of one run.\n\n")
+	r.printf("Command: `%s -benchmem`\n\n", g.command())
+	res, err := g.run()
+	if err != nil {
+		return err
+	}
+	r.printf("| nodes | devices | pods asking | cycle | time | admitted | allocated per cycle | allocations |\n|---:|---:|---|---|---:|---:|---:|---:|\n")
+	var names []string
+	for name := range res {
+		names = append(names, name)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		mi, mj := strings.HasPrefix(names[i], "DecideScaleMIG/"), strings.HasPrefix(names[j], "DecideScaleMIG/")
+		if mi != mj {
+			return !mi
+		}
+		ni, nj := nodesOf(names[i]), nodesOf(names[j])
+		if ni != nj {
+			return ni < nj
+		}
+		return strings.HasSuffix(names[i], "/first")
+	})
+	devices := map[string]float64{}
+	for _, name := range names {
+		if f := res[name].Figures; f["devices"] > 0 {
+			devices[strings.TrimSuffix(name, "/first")] = f["devices"]
+		}
+	}
+	for _, name := range names {
+		f := res[name].Figures
+		what := "shares, whole GPUs"
+		if strings.HasPrefix(name, "DecideScaleMIG/") {
+			what = "MIG 1g.10gb"
+		}
+		base := name[:strings.LastIndex(name, "/")]
+		r.printf("| %d | %.0f | %s | %s | %s | %.0f | %.0f MiB | %.0f |\n", nodesOf(name), devices[base], what, name[strings.LastIndex(name, "/")+1:], sec(f["ns/op"]), f["admitted"], f["B/op"]/(1<<20), f["allocs/op"])
+	}
+	r.printf("\n")
+	next5k, ok := res["DecideScale/nodes=5000/next"]
+	if !ok {
+		r.unmeasured("Decision cycle, 10,000 pending pods on 5,000 nodes (shares; a running controller's cycle)", "< 1 s", "the short run takes 500 nodes only")
+		return nil
+	}
+	r.target("Decision cycle, 10,000 pending pods on 5,000 nodes (shares; a running controller's cycle)", "< 1 s", sec(next5k.Figures["ns/op"]), next5k.Figures["ns/op"] < 1e9)
+	if m := res["DecideScaleMIG/nodes=5000/next"]; m.Figures != nil {
+		r.target("Decision cycle, 10,000 pending pods on 5,000 nodes (dynamic MIG; a running controller's cycle)", "< 1 s", sec(m.Figures["ns/op"]), m.Figures["ns/op"] < 1e9)
+	}
+	a, b := res["DecideScale/nodes=1000/next"].Figures, res["DecideScale/nodes=10000/next"].Figures
+	if a != nil && b != nil {
+		r.target("Decision cycle cost from 1,000 to 10,000 nodes (shares, next cycle)", "linear or better (<= 10x)", fmt.Sprintf("%.1fx", b["ns/op"]/a["ns/op"]), b["ns/op"]/a["ns/op"] <= 10)
+	}
+	return nil
+}
+
+// nodesOf reads N from a benchmark name ".../nodes=N/...".
+func nodesOf(name string) int {
+	_, after, _ := strings.Cut(name, "nodes=")
+	n, _ := strconv.Atoi(strings.SplitN(after, "/", 2)[0])
+	return n
 }
 
 // migAdmission compares one admission cycle with MIG prioritized lists to

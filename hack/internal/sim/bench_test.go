@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	admissionpkg "github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/test/testutil"
 )
 
@@ -50,7 +50,7 @@ func BenchmarkAdmissionCycleMIG(b *testing.B) {
 			reportCycle(b, first)
 		})
 		b.Run(string(p)+"-next-cycle", func(b *testing.B) {
-			e := admissionpkg.NewEngine(admissionpkg.DefaultConfig())
+			e := decide.NewEngine(decide.DefaultConfig())
 			if _, err := in.admitWith(ctx, e); err != nil {
 				b.Fatal(err)
 			}

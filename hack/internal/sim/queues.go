@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	admissionpkg "github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/decide"
 )
 
 // QueueSpec is one Queue of the controller, with a GPU memory quota and
@@ -52,19 +52,19 @@ type admissionResult struct {
 	held int
 	took time.Duration
 	// stats are the cycle's own.
-	stats admissionpkg.Stats
+	stats decide.Stats
 }
 
 // admission is one decision cycle of the controller's decision engine
 // over the jobs, each a gated pod labelled for its queue whose claim comes
 // from a template, on the simulated nodes' slices.
 type admission struct {
-	snap  *admissionpkg.Snapshot
+	snap  *decide.Snapshot
 	index map[string]int
 }
 
 func newAdmission(nodes []*simNode, jobs []Job, claims []*resourceapi.ResourceClaim, specs []QueueSpec, classes []*resourceapi.DeviceClass) *admission {
-	snap := &admissionpkg.Snapshot{Classes: classes}
+	snap := &decide.Snapshot{Classes: classes}
 	known := map[string]bool{}
 	for _, q := range specs {
 		snap.Queues = append(snap.Queues, queueObject(q.Name, q.Quota, q.Limit))
@@ -97,14 +97,14 @@ func newAdmission(nodes []*simNode, jobs []Job, claims []*resourceapi.ResourceCl
 
 // admit runs the cycle from a fresh engine.
 func (a *admission) admit(ctx context.Context) (admissionResult, error) {
-	return a.admitWith(ctx, admissionpkg.NewEngine(admissionpkg.DefaultConfig()))
+	return a.admitWith(ctx, decide.NewEngine(decide.DefaultConfig()))
 }
 
 // admitWith runs the cycle with the engine, as the controller's next
 // cycle would with nothing changed: what the engine reserved for the pods
 // in an earlier cycle is forgotten first, so that the decision is the
 // same, and what it derived from the slices and classes is kept.
-func (a *admission) admitWith(ctx context.Context, e *admissionpkg.Engine) (admissionResult, error) {
+func (a *admission) admitWith(ctx context.Context, e *decide.Engine) (admissionResult, error) {
 	snap, index := a.snap, a.index
 	e.Forget(snap.Pods...)
 	dec, err := e.Decide(ctx, snap)
@@ -118,7 +118,7 @@ func (a *admission) admitWith(ctx context.Context, e *admissionpkg.Engine) (admi
 		}
 	}
 	for _, v := range dec.Waiting {
-		if v.Reason == admissionpkg.ReasonQueueLimit || v.Reason == admissionpkg.ReasonOverQuotaHeld {
+		if v.Reason == decide.ReasonQueueLimit || v.Reason == decide.ReasonOverQuotaHeld {
 			res.held += len(v.Workload.Pods)
 		}
 	}

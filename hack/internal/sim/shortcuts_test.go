@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
-	admissionpkg "github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/decide"
 )
 
 // TestAdmissionShortcutsDecideAsExact decides random mixed traces behind
@@ -39,16 +39,16 @@ func TestAdmissionShortcutsDecideAsExact(t *testing.T) {
 						pod.Labels[v1alpha1.QueueLabel] = in.snap.Pods[g*7].Labels[v1alpha1.QueueLabel]
 					}
 				}
-				decide := func(exact bool) *admissionpkg.Decision {
-					cfg := admissionpkg.DefaultConfig()
+				decideWith := func(exact bool) *decide.Decision {
+					cfg := decide.DefaultConfig()
 					cfg.ExactPlacement = exact
-					d, err := admissionpkg.NewEngine(cfg).Decide(ctx, in.snap)
+					d, err := decide.NewEngine(cfg).Decide(ctx, in.snap)
 					if err != nil {
 						t.Fatal(err)
 					}
 					return d
 				}
-				fast, exact := decide(false), decide(true)
+				fast, exact := decideWith(false), decideWith(true)
 				if len(exact.Admit) == 0 || len(exact.Waiting) == 0 {
 					t.Fatalf("admitted %d, waiting %d: the trace must both admit and hold back", len(exact.Admit), len(exact.Waiting))
 				}
@@ -70,7 +70,7 @@ func TestAdmissionShortcutsDecideAsExact(t *testing.T) {
 
 // summarize writes a decision as lines: what is admitted (pods, nodes,
 // charge, message), evicted and waiting (reason, message), in order.
-func summarize(d *admissionpkg.Decision) []string {
+func summarize(d *decide.Decision) []string {
 	var out []string
 	for _, a := range d.Admit {
 		line := "admit " + a.Workload.Key

@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,8 +25,13 @@ import (
 // real pipeline and copied under the other names (pool, node and slice
 // names are per node; the allocator and the catalog key devices by pool).
 func benchCluster(b *testing.B, n int) ([]*corev1.Node, []*resourceapi.ResourceSlice) {
+	return benchClusterOf(b, n, NodeOptions{Profile: "dgxh100"})
+}
+
+// benchClusterOf is benchCluster with other node options (dynamic MIG).
+func benchClusterOf(b *testing.B, n int, o NodeOptions) ([]*corev1.Node, []*resourceapi.ResourceSlice) {
 	b.Helper()
-	proto, err := NodeSlices("node-00000", NodeOptions{Profile: "dgxh100"})
+	proto, err := NodeSlices("node-00000", o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -189,4 +198,95 @@ func BenchmarkGang512(b *testing.B) {
 		b.Fatalf("gang not admitted: %+v %s", d.Stats, d.Waiting[0].Message)
 	}
 	b.ReportMetric(float64(d.Stats.AllocatorCalls), "allocator-calls")
+}
+
+// BenchmarkDecideScale decides the 10,000 pending pods of
+// BenchmarkAdmission (1,000 queues) on 500 to 10,000 simulated 8 x H100
+// nodes, so that the report shows how a cycle's cost grows with the
+// cluster: "first" from a fresh engine (a controller's first cycle),
+// "next" with the engine of the previous cycle and the same slices (every
+// later cycle; what it admitted is forgotten first, so that it decides
+// the same). Memory and allocations are per cycle (-benchmem).
+//
+//	go test -run='^$' -bench=DecideScale -benchtime=1x -benchmem ./pkg/control/decide/
+func BenchmarkDecideScale(b *testing.B) {
+	benchDecideScale(b, NodeOptions{Profile: "dgxh100"}, func([]*resourceapi.ResourceSlice) []*resourceapi.ResourceClaimTemplate { return benchTemplates() }, 500, 1000, 5000, 10000)
+}
+
+// BenchmarkDecideScaleMIG is BenchmarkDecideScale on nodes in dynamic MIG
+// mode (each 8 x H100 node publishes 200 devices: the GPUs, their shares
+// and every MIG placement); every pod asks the smallest MIG device
+// (1g.10gb), as the scale run's (m) workload does.
+func BenchmarkDecideScaleMIG(b *testing.B) {
+	benchDecideScale(b, NodeOptions{Profile: "dgxh100", MIG: true}, smallestMIG, 500, 1000, 5000)
+}
+
+// smallestMIG are benchTemplates' names, each asking the smallest MIG
+// device the slices publish.
+func smallestMIG(slices []*resourceapi.ResourceSlice) []*resourceapi.ResourceClaimTemplate {
+	var smallest *resource.Quantity
+	for _, s := range slices {
+		for _, d := range s.Spec.Devices {
+			if a := d.Attributes[devicemodel.AttrType]; a.StringValue != nil && *a.StringValue == devicemodel.TypeMIG {
+				if c := d.Capacity[devicemodel.CapMemory].Value; smallest == nil || c.Cmp(*smallest) < 0 {
+					smallest = &c
+				}
+			}
+		}
+	}
+	if smallest == nil {
+		panic("no MIG device published")
+	}
+	mig := Request{Class: "mig.tessera.dev", Selector: fmt.Sprintf(`device.capacity["gpu.tessera.dev"].memory.compareTo(quantity(%q)) == 0`, smallest.String())}
+	var out []*resourceapi.ResourceClaimTemplate
+	for _, t := range benchTemplates() {
+		out = append(out, Template("ns", t.Name, mig))
+	}
+	return out
+}
+
+func benchDecideScale(b *testing.B, o NodeOptions, templates func([]*resourceapi.ResourceSlice) []*resourceapi.ResourceClaimTemplate, sizes ...int) {
+	queues, leaves := benchQueues()
+	for _, n := range sizes {
+		nodes, slices := benchClusterOf(b, n, o)
+		snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: templates(slices)}
+		benchPending(snap, leaves)
+		ctx := context.Background()
+		var first *decide.Decision
+		b.Run(fmt.Sprintf("nodes=%d/first", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				var err error
+				if first, err = decide.NewEngine(decide.DefaultConfig()).Decide(ctx, snap); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(first.Stats.Admitted), "admitted")
+			b.ReportMetric(float64(n*8), "gpus")
+			devices := 0
+			for _, s := range slices {
+				devices += len(s.Spec.Devices)
+			}
+			b.ReportMetric(float64(devices), "devices")
+		})
+		b.Run(fmt.Sprintf("nodes=%d/next", n), func(b *testing.B) {
+			b.ReportAllocs()
+			e := decide.NewEngine(decide.DefaultConfig())
+			if _, err := e.Decide(ctx, snap); err != nil {
+				b.Fatal(err)
+			}
+			var d *decide.Decision
+			for b.Loop() {
+				e.Forget(snap.Pods...)
+				var err error
+				if d, err = e.Decide(ctx, snap); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if d.Stats.Admitted != first.Stats.Admitted {
+				b.Fatalf("the next cycle admitted %d, the first %d", d.Stats.Admitted, first.Stats.Admitted)
+			}
+			b.ReportMetric(float64(d.Stats.Admitted), "admitted")
+		})
+	}
 }
