@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -14,23 +13,6 @@ import (
 
 // The API objects a replay puts behind the controller's admission: queues,
 // ready nodes and gated pods labelled for their queue.
-
-// queueObject is a Queue with a GPU memory quota and limit ("" = unset).
-func queueObject(name, memQuota, memLimit string) *v1alpha1.Queue {
-	q := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if memQuota == "" && memLimit == "" {
-		return q
-	}
-	r := v1alpha1.QueueResource{}
-	if memQuota != "" {
-		r.Quota = ptr.To(resource.MustParse(memQuota))
-	}
-	if memLimit != "" {
-		r.Limit = ptr.To(resource.MustParse(memLimit))
-	}
-	q.Spec.Resources = map[v1alpha1.ResourceName]v1alpha1.QueueResource{v1alpha1.ResourceGPUMemory: r}
-	return q
-}
 
 // nodeObject is a ready, schedulable Node.
 func nodeObject(name string) *corev1.Node {

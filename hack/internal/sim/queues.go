@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tessera-dev/tessera/pkg/control/queue"
+
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,11 +69,11 @@ func newAdmission(nodes []*simNode, jobs []Job, claims []*resourceapi.ResourceCl
 	snap := &decide.Snapshot{Classes: classes}
 	known := map[string]bool{}
 	for _, q := range specs {
-		snap.Queues = append(snap.Queues, queueObject(q.Name, q.Quota, q.Limit))
+		snap.Queues = append(snap.Queues, queue.MemoryQueue(q.Name, "", q.Quota, q.Limit))
 		known[q.Name] = true
 	}
 	if !known[DefaultQueue] {
-		snap.Queues = append(snap.Queues, queueObject(DefaultQueue, "", ""))
+		snap.Queues = append(snap.Queues, queue.MemoryQueue(DefaultQueue, "", "", ""))
 	}
 	for _, n := range nodes {
 		snap.Nodes = append(snap.Nodes, nodeObject(n.name))

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/test/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -73,8 +75,8 @@ func TestCanaryOwnership(t *testing.T) {
 		}
 	}
 	base := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()
-	reconciler := func(name string) (*Reconciler, *writeLog) {
-		w := &writeLog{Client: base}
+	reconciler := func(name string) (*Reconciler, *testutil.WriteLog) {
+		w := &testutil.WriteLog{Client: base}
 		return &Reconciler{Client: w, Reader: base, Recorder: events.NewFakeRecorder(100),
 			Engine:  decide.NewEngine(decide.Config{Reclaim: true, MaxReclaimsPerCycle: 16, Features: allocation.SchedulerFeatures}),
 			Metrics: NewMetrics(prometheus.NewRegistry()),
@@ -87,9 +89,9 @@ func TestCanaryOwnership(t *testing.T) {
 		}
 		return &p
 	}
-	written := func(w *writeLog) map[string]bool {
+	written := func(w *testutil.WriteLog) map[string]bool {
 		out := map[string]bool{}
-		for _, x := range w.writes {
+		for _, x := range w.Writes() {
 			f := strings.Fields(x)
 			out[f[len(f)-1]] = true
 		}
@@ -168,12 +170,13 @@ func TestCanaryOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	admittedAt := pod("g-exp").Annotations[v1alpha1.AdmittedAtAnnotation]
-	cw.writes, mw.writes = nil, nil
+	cw.Reset()
+	mw.Reset()
 	if _, err := canary.Reconcile(ctx, CycleRequest); err != nil {
 		t.Fatal(err)
 	}
-	if len(cw.writes) != 0 {
-		t.Errorf("the canary wrote after its only tree moved away: %v", cw.writes)
+	if len(cw.Writes()) != 0 {
+		t.Errorf("the canary wrote after its only tree moved away: %v", cw.Writes())
 	}
 	if _, err := main.Reconcile(ctx, CycleRequest); err != nil {
 		t.Fatal(err)

@@ -3,12 +3,13 @@ package controller
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/test/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -53,7 +54,7 @@ func TestShadowCycleWritesOnlyReport(t *testing.T) {
 	for _, c := range decidetest.Classes() {
 		objs = append(objs, c)
 	}
-	base := &writeLog{Client: fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()}
+	base := &testutil.WriteLog{Client: fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()}
 	reg := prometheus.NewRegistry()
 	o := Options{Namespace: "tessera", Shadow: true, ShadowReport: "shadow-report", ApplyWorkers: 4, ResyncPeriod: time.Nanosecond, Registry: reg}
 	a := &Reconciler{Client: base, Reader: base,
@@ -68,12 +69,12 @@ func TestShadowCycleWritesOnlyReport(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, w := range base.writes {
+	for _, w := range base.Writes() {
 		if !strings.HasSuffix(w, " tessera/shadow-report") || !strings.HasPrefix(w, "create ") && !strings.HasPrefix(w, "update ") {
 			t.Errorf("the shadow wrote %s", w)
 		}
 	}
-	if len(base.writes) == 0 {
+	if len(base.Writes()) == 0 {
 		t.Fatal("the shadow wrote no report")
 	}
 	var b corev1.Pod
@@ -97,10 +98,10 @@ func TestShadowCycleWritesOnlyReport(t *testing.T) {
 	if !strings.Contains(r.Entries[0].Active, decide.ReasonQueueLimit) {
 		t.Errorf("the difference does not say why the active controller holds it: %q", r.Entries[0].Active)
 	}
-	if got := testutil.ToFloat64(a.Shadow.Differences(shadow.WouldAdmit)); got != 1 {
+	if got := promtest.ToFloat64(a.Shadow.Differences(shadow.WouldAdmit)); got != 1 {
 		t.Errorf("%s{kind=would-admit} = %v, want 1", shadow.MetricDifferences, got)
 	}
-	if got := testutil.ToFloat64(a.Shadow.Refused()); got != 0 {
+	if got := promtest.ToFloat64(a.Shadow.Refused()); got != 0 {
 		t.Errorf("%v writes refused", got)
 	}
 }
@@ -122,37 +123,4 @@ func TestShadowOptions(t *testing.T) {
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "lease") {
 		t.Errorf("shadow on the active lease: %v", err)
 	}
-}
-
-// writeLog records every write that reaches the API.
-type writeLog struct {
-	client.Client
-	mu     sync.Mutex
-	writes []string
-}
-
-func (w *writeLog) log(op string, obj client.Object) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.writes = append(w.writes, op+" "+obj.GetObjectKind().GroupVersionKind().Kind+" "+obj.GetNamespace()+"/"+obj.GetName())
-}
-
-func (w *writeLog) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
-	w.log("create", obj)
-	return w.Client.Create(ctx, obj, opts...)
-}
-
-func (w *writeLog) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
-	w.log("update", obj)
-	return w.Client.Update(ctx, obj, opts...)
-}
-
-func (w *writeLog) Patch(ctx context.Context, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
-	w.log("patch", obj)
-	return w.Client.Patch(ctx, obj, p, opts...)
-}
-
-func (w *writeLog) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
-	w.log("delete", obj)
-	return w.Client.Delete(ctx, obj, opts...)
 }

@@ -5,9 +5,10 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/tessera-dev/tessera/test/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -102,39 +103,6 @@ func TestShadowReportBoundedNewestFirst(t *testing.T) {
 	}
 }
 
-// writeLog records every write that reaches the API.
-type writeLog struct {
-	client.Client
-	mu     sync.Mutex
-	writes []string
-}
-
-func (w *writeLog) log(op string, obj client.Object) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.writes = append(w.writes, op+" "+obj.GetObjectKind().GroupVersionKind().Kind+" "+obj.GetNamespace()+"/"+obj.GetName())
-}
-
-func (w *writeLog) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
-	w.log("create", obj)
-	return w.Client.Create(ctx, obj, opts...)
-}
-
-func (w *writeLog) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
-	w.log("update", obj)
-	return w.Client.Update(ctx, obj, opts...)
-}
-
-func (w *writeLog) Patch(ctx context.Context, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
-	w.log("patch", obj)
-	return w.Client.Patch(ctx, obj, p, opts...)
-}
-
-func (w *writeLog) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
-	w.log("delete", obj)
-	return w.Client.Delete(ctx, obj, opts...)
-}
-
 // TestGuardClientRefusesAllButReport: every write but the report's is
 // refused with ErrWrite and counted, and reaches nothing.
 func TestGuardClientRefusesAllButReport(t *testing.T) {
@@ -142,7 +110,7 @@ func TestGuardClientRefusesAllButReport(t *testing.T) {
 	s := snapshot.Scheme()
 	p := decidetest.Pod("ns", "p", decidetest.PodOptions{Queue: "q", Gated: true})
 	q := decidetest.Queue("q", "", "1Gi", "")
-	base := &writeLog{Client: fake.NewClientBuilder().WithScheme(s).WithObjects(p, q).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()}
+	base := &testutil.WriteLog{Client: fake.NewClientBuilder().WithScheme(s).WithObjects(p, q).WithStatusSubresource(&corev1.Pod{}, &v1alpha1.Queue{}).Build()}
 	refused := 0
 	g := NewGuardClient(base, "tessera", "report", func() { refused++ })
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"a":"b"}}}`))
@@ -170,8 +138,8 @@ func TestGuardClientRefusesAllButReport(t *testing.T) {
 	if refused != len(tries) {
 		t.Errorf("%d refusals counted, want %d", refused, len(tries))
 	}
-	if len(base.writes) != 0 {
-		t.Errorf("writes reached the API: %v", base.writes)
+	if len(base.Writes()) != 0 {
+		t.Errorf("writes reached the API: %v", base.Writes())
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "tessera", Name: "report"}, Data: map[string]string{"a": "b"}}
 	if err := g.Create(ctx, cm); err != nil {

@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/tessera-dev/tessera/pkg/control/queue"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -165,19 +167,7 @@ const ImplicitGPU = "deviceclass.resource.kubernetes.io/gpu.tessera.dev"
 // Queue returns a Queue with memory quota and limit ("" = unset); with
 // both unset it lists no resources.
 func Queue(name, parent, memQuota, memLimit string) *v1alpha1.Queue {
-	q := &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.QueueSpec{Parent: parent}}
-	if memQuota == "" && memLimit == "" {
-		return q
-	}
-	r := v1alpha1.QueueResource{}
-	if memQuota != "" {
-		r.Quota = ptr.To(resource.MustParse(memQuota))
-	}
-	if memLimit != "" {
-		r.Limit = ptr.To(resource.MustParse(memLimit))
-	}
-	q.Spec.Resources = map[v1alpha1.ResourceName]v1alpha1.QueueResource{v1alpha1.ResourceGPUMemory: r}
-	return q
+	return queue.MemoryQueue(name, parent, memQuota, memLimit)
 }
 
 // Admitted is p as the controller leaves an admitted pod: ungated, with
