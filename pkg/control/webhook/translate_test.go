@@ -281,7 +281,11 @@ func TestTranslate(t *testing.T) {
 			want: &want{class: "gpu.tessera.dev", count: 1}, wantQueue: "research"},
 		{name: "KAI cpu-only pod: only the queue", pod: fpod(map[string]string{"cpu": "100m"}, nil, kai), wantQueue: "team-a"},
 		{name: "KAI scheduler kept when not configured", cfg: &webhook.TranslateConfig{Driver: "gpu.tessera.dev", GPUClass: "gpu.tessera.dev", TimeSliceClass: "timeslice.tessera.dev"},
-			pod: func() *corev1.Pod { p := fpod(map[string]string{"nvidia.com/gpu": "1"}, nil, kai); p.Spec.SchedulerName = "kai-scheduler"; return p }(),
+			pod: func() *corev1.Pod {
+				p := fpod(map[string]string{"nvidia.com/gpu": "1"}, nil, kai)
+				p.Spec.SchedulerName = "kai-scheduler"
+				return p
+			}(),
 			want: &want{class: "gpu.tessera.dev", count: 1}, wantQueue: "default-queue", wantSched: ptr.To("kai-scheduler")},
 		{name: "KAI fraction 1 refused", pod: fpod(nil, map[string]string{"gpu-fraction": "1.0"}, kai),
 			wantErr: []string{"metadata.annotations[gpu-fraction]", "smaller than 1", "nvidia.com/gpu: 1"}},
