@@ -179,18 +179,34 @@ func checkMigratedPod(t *testing.T, ns, name string, fx migration.Expect, queueN
 		t.Errorf("%s: NVIDIA_VISIBLE_DEVICES=%q, want %d GPUs", name, env["NVIDIA_VISIBLE_DEVICES"], fx.Count)
 	}
 	if !fx.Whole() {
+		// TESSERA_MEMORY_LIMIT (bytes) and TESSERA_COMPUTE_LIMIT (percent)
+		// per GPU in every enforcement mode; the interposer's own
+		// variables where the node runs it.
 		sm := "100" // compute uncapped: work-conserving, as on KAI and HAMi without gpucores
 		if fx.Cores > 0 {
 			sm = fmt.Sprint(fx.Cores)
 		}
+		var mems, sms []string
 		for i := 0; i < fx.Count; i++ {
-			if got, want := env[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", i)], fmt.Sprintf("%dm", fx.MemMiB); got != want {
-				t.Errorf("%s: CUDA_DEVICE_MEMORY_LIMIT_%d=%q, want %s", name, i, got, want)
-			}
-			if got := env[fmt.Sprintf("CUDA_DEVICE_SM_LIMIT_%d", i)]; got != sm {
-				t.Errorf("%s: CUDA_DEVICE_SM_LIMIT_%d=%q, want %s", name, i, got, sm)
+			mems, sms = append(mems, fmt.Sprint(fx.MemMiB<<20)), append(sms, sm)
+		}
+		if got, want := env["TESSERA_MEMORY_LIMIT"], strings.Join(mems, ","); got != want {
+			t.Errorf("%s: TESSERA_MEMORY_LIMIT=%q, want %s", name, got, want)
+		}
+		if got, want := env["TESSERA_COMPUTE_LIMIT"], strings.Join(sms, ","); got != want {
+			t.Errorf("%s: TESSERA_COMPUTE_LIMIT=%q, want %s", name, got, want)
+		}
+		if env["TESSERA_MODE"] == "interposer" {
+			for i := 0; i < fx.Count; i++ {
+				if got, want := env[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", i)], fmt.Sprintf("%dm", fx.MemMiB); got != want {
+					t.Errorf("%s: CUDA_DEVICE_MEMORY_LIMIT_%d=%q, want %s", name, i, got, want)
+				}
+				if got := env[fmt.Sprintf("CUDA_DEVICE_SM_LIMIT_%d", i)]; got != sm {
+					t.Errorf("%s: CUDA_DEVICE_SM_LIMIT_%d=%q, want %s", name, i, got, sm)
+				}
 			}
 		}
+		t.Logf("%s: TESSERA_MODE=%s TESSERA_MEMORY_LIMIT=%s TESSERA_COMPUTE_LIMIT=%s", name, env["TESSERA_MODE"], env["TESSERA_MEMORY_LIMIT"], env["TESSERA_COMPUTE_LIMIT"])
 	}
 	waitFor(t, time.Minute, name+"'s Translated event", func(ctx context.Context) (bool, error) {
 		evs, err := cluster.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name + ",reason=Translated"})
