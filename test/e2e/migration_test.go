@@ -256,3 +256,74 @@ func deleteFixture(t *testing.T, ns string, p *corev1.Pod, j *batchv1.Job) {
 	}
 	t.Errorf("the fixture's pods or claims in %s did not go within 2m", ns)
 }
+
+// TestDevicePluginNameServedByDRA: where the device plugin is gone, the
+// chart maps nvidia.com/gpu onto the whole-GPU class
+// (deviceClasses.extendedResourceName, no translation): the device
+// plugin's own manifest, created unchanged (image and command aside) by a
+// tenant in a namespace managed by a queue, is gated into that queue,
+// admitted and charged one GPU, and the scheduler serves it through DRA
+// (status.extendedResourceClaimStatus names the claim it made) on the
+// local node, which advertises no nvidia.com/gpu.
+func TestDevicePluginNameServedByDRA(t *testing.T) {
+	requireChart(t, "the DeviceClasses come with the chart")
+	usePlugin(t, defaultPlugin)
+	startController(t)
+	ctx := t.Context()
+	const queueName = "device-plugin"
+	values := map[string]any{"deviceClasses": map[string]any{"extendedResourceName": map[string]any{"enabled": true, "name": "nvidia.com/gpu"}}}
+	if err := cluster.UpgradeChart(ctx, defaultPlugin, values); err != nil {
+		t.Fatalf("helm upgrade with deviceClasses.extendedResourceName nvidia.com/gpu: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := cluster.UpgradeChart(ctx, defaultPlugin, nil); err != nil {
+			t.Errorf("helm upgrade without the extended resource name: %v", err)
+		}
+	})
+	applyYAML(t, `apiVersion: tessera.dev/v1alpha1
+kind: Queue
+metadata:
+  name: `+queueName+`
+spec: {}
+`)
+	ns := newNamespace(t)
+	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, v1alpha1.QueueLabel, queueName))
+	if _, err := cluster.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tenant := editClient(t, ns)
+	p, _, err := migration.Load("device-plugin/gpu-pod.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	migration.Localize(&p.Spec, localcluster.BusyboxImage)
+	created, err := tenant.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating the device plugin's gpu-pod: %v", err)
+	}
+	if created.Labels[v1alpha1.QueueLabel] != queueName || len(created.Spec.SchedulingGates) == 0 {
+		t.Errorf("gpu-pod: queue %q, gates %v; want queue %s and the admission gate", created.Labels[v1alpha1.QueueLabel], created.Spec.SchedulingGates, queueName)
+	}
+	pod := waitPodPhase(t, ns, p.Name, corev1.PodRunning, 2*time.Minute)
+	if st := pod.Status.ExtendedResourceClaimStatus; st == nil || st.ResourceClaimName == "" {
+		t.Errorf("gpu-pod: no extendedResourceClaimStatus: the scheduler did not serve nvidia.com/gpu through DRA")
+	} else {
+		claim, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, st.ResourceClaimName, metav1.GetOptions{})
+		if err != nil || len(claim.Spec.Devices.Requests) != 1 || claim.Spec.Devices.Requests[0].Exactly == nil || claim.Spec.Devices.Requests[0].Exactly.DeviceClassName != "gpu.tessera.dev" {
+			t.Errorf("gpu-pod's claim %s: %v %+v; want one request of gpu.tessera.dev", st.ResourceClaimName, err, claim)
+		}
+	}
+	if charge := pod.Annotations[v1alpha1.AdmittedChargeAnnotation]; !strings.Contains(charge, "gpus=1000000") {
+		t.Errorf("gpu-pod charged %q, want one GPU", charge)
+	}
+	var env map[string]string
+	waitFor(t, 30*time.Second, "gpu-pod prints its environment", func(ctx context.Context) (bool, error) {
+		env = parseEnv(podLogs(t, ns, p.Name))
+		return env["NVIDIA_VISIBLE_DEVICES"] != "", nil
+	})
+	if uuids := strings.Split(env["NVIDIA_VISIBLE_DEVICES"], ","); len(uuids) != 1 || !strings.HasPrefix(uuids[0], "GPU-") {
+		t.Errorf("gpu-pod: NVIDIA_VISIBLE_DEVICES=%q, want one GPU", env["NVIDIA_VISIBLE_DEVICES"])
+	}
+}
