@@ -145,8 +145,8 @@ spec: {}
 func checkMigratedPod(t *testing.T, ns, name string, fx migration.Expect, queueName string) {
 	t.Helper()
 	pod := waitPodPhase(t, ns, name, corev1.PodRunning, 2*time.Minute)
-	if pod.Annotations[webhook.TranslatedAnnotation] == "" {
-		t.Errorf("%s: no %s annotation", name, webhook.TranslatedAnnotation)
+	if v1alpha1.TranslatedFrom(pod.Annotations[webhook.TranslatedAnnotation]) == "" {
+		t.Errorf("%s: annotation %s=%q names no system", name, webhook.TranslatedAnnotation, pod.Annotations[webhook.TranslatedAnnotation])
 	}
 	t.Logf("%s: %s", name, pod.Annotations[webhook.TranslatedAnnotation])
 	if q := pod.Labels[v1alpha1.QueueLabel]; q != queueName {

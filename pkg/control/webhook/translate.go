@@ -34,7 +34,7 @@ const (
 	// into what. Only the translating webhook writes it: it overwrites a
 	// value the pod came with, and the chart's policy refuses it from
 	// anyone else (docs/security.md).
-	TranslatedAnnotation = "tessera.dev/translated"
+	TranslatedAnnotation = v1alpha1.TranslatedAnnotation
 	// ManagedTemplateLabel marks the ResourceClaimTemplates the translation
 	// makes (value ManagedTemplateValue); only the controller creates,
 	// changes or deletes them (the chart's policy), and it deletes those
@@ -265,6 +265,19 @@ func (c TranslateConfig) Translate(pod *corev1.Pod, inv Inventory) (*Translation
 	if len(hamiAnn) > 0 && !hamiRes && !gpuRes {
 		return nil, refuse(meta.Child("annotations").Key(hamiAnn[0]), "HAMi's GPU selection annotations need a GPU request (resources.limits nvidia.com/gpu)")
 	}
+	var systems []string
+	if gpuRes && !hamiRes && len(hamiAnn) == 0 && !kaiFraction {
+		systems = append(systems, "device-plugin")
+	}
+	if hamiRes || len(hamiAnn) > 0 || p.Spec.SchedulerName == HAMiSchedulerName {
+		systems = append(systems, "hami")
+	}
+	_, kaiLabel := p.Labels[LabelKAIQueue]
+	_, runaiLabel := p.Labels[LabelRunAIQueue]
+	if kaiFraction || len(kaiAnn) > 0 || kaiLabel || runaiLabel || p.Spec.SchedulerName == KAISchedulerName {
+		systems = append(systems, "kai")
+	}
+	from := "from " + strings.Join(systems, "+")
 	foreignDevices := kaiFraction || hamiRes || gpuRes
 	if foreignDevices && len(p.Spec.ResourceClaims) > 0 {
 		return nil, refuse(field.NewPath("spec", "resourceClaims"), "the pod asks for GPUs both with ResourceClaims and with another system's keys (nvidia.com/gpu, HAMi's resources or KAI's annotations): two systems' keys on one pod; ask all of them with claims")
@@ -366,7 +379,7 @@ func (c TranslateConfig) Translate(pod *corev1.Pod, inv Inventory) (*Translation
 		}
 		out.Pod = p
 		if len(summary) > 0 {
-			setAnnotation(p, TranslatedAnnotation, strings.Join(summary, "; "))
+			setAnnotation(p, TranslatedAnnotation, strings.Join(append([]string{from}, summary...), "; "))
 			out.Summary = p.Annotations[TranslatedAnnotation]
 		}
 		return out, nil
@@ -403,7 +416,7 @@ func (c TranslateConfig) Translate(pod *corev1.Pod, inv Inventory) (*Translation
 		summary = append(summary, fmt.Sprintf("container %s: %s -> %s", ctr.Name, strings.Join(r.what, ", "), describe(r, c)))
 	}
 	summary = append(summary, selWhat...)
-	setAnnotation(p, TranslatedAnnotation, strings.Join(summary, "; "))
+	setAnnotation(p, TranslatedAnnotation, strings.Join(append([]string{from}, summary...), "; "))
 	out.Summary = p.Annotations[TranslatedAnnotation]
 	out.Pod = p
 	return out, nil

@@ -531,3 +531,34 @@ func TestPodTranslatorHandler(t *testing.T) {
 		t.Errorf("bad fraction: allowed=%v %v", resp.Allowed, resp.Result)
 	}
 }
+
+// The annotation starts with the systems whose keys were translated
+// (kubectl tessera top shows them).
+func TestTranslatedFrom(t *testing.T) {
+	kai := map[string]string{webhook.LabelKAIQueue: "default-queue"}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want string
+	}{
+		{"device plugin", fpod(map[string]string{"nvidia.com/gpu": "1"}, nil, nil), "device-plugin"},
+		{"HAMi", fpod(map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}, nil, nil), "hami"},
+		{"HAMi card type only", fpod(map[string]string{"nvidia.com/gpu": "1"}, map[string]string{"nvidia.com/use-gputype": "t4"}, nil), "hami"},
+		{"KAI fraction", fpod(nil, map[string]string{"gpu-fraction": "0.5"}, kai), "kai"},
+		{"KAI queue only", fpod(nil, nil, kai), "kai"},
+		{"KAI whole GPU", fpod(map[string]string{"nvidia.com/gpu": "1"}, nil, kai), "device-plugin+kai"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := translateConfig().Translate(tc.pod, t4)
+			if err != nil || tr.Pod == nil {
+				t.Fatalf("%v %v", tr, err)
+			}
+			if got := v1alpha1.TranslatedFrom(tr.Pod.Annotations[webhook.TranslatedAnnotation]); got != tc.want {
+				t.Errorf("from %q (annotation %q), want %q", got, tr.Pod.Annotations[webhook.TranslatedAnnotation], tc.want)
+			}
+		})
+	}
+	if got := v1alpha1.TranslatedFrom("nothing"); got != "" {
+		t.Errorf("TranslatedFrom of a value without the prefix: %q", got)
+	}
+}
