@@ -68,7 +68,7 @@ func describe(v any) string {
 	return string(b)
 }
 
-// Normalize fills defaults (enforcement auto, computeDefault proportional) and sorts and de-duplicates
+// Normalize fills defaults (enforcement auto, computeDefault uncapped) and sorts and de-duplicates
 // the framework caps. Apply it to the merged configuration, not to the
 // ones merged, or defaults would override what an earlier one set.
 func (c *GpuConfig) Normalize() {
@@ -78,7 +78,7 @@ func (c *GpuConfig) Normalize() {
 		c.Enforcement = EnforcementAuto
 	}
 	if c.ComputeDefault == "" {
-		c.ComputeDefault = ComputeProportional
+		c.ComputeDefault = ComputeUncapped
 	}
 	if c.FrameworkCaps != nil {
 		caps := slices.Clone(c.FrameworkCaps)

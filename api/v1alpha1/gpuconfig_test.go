@@ -138,7 +138,8 @@ func TestComputeDefaultDecodeMergeNormalize(t *testing.T) {
 		configs []string
 		want    ComputeDefault
 	}{
-		{"unset is proportional", []string{`{}`}, ComputeProportional},
+		{"unset is uncapped", []string{`{}`}, ComputeUncapped},
+		{"class proportional", []string{`{"computeDefault":"proportional"}`}, ComputeProportional},
 		{"class uncapped", []string{`{"computeDefault":"uncapped"}`}, ComputeUncapped},
 		{"later config wins", []string{`{"computeDefault":"uncapped"}`, `{"computeDefault":"proportional"}`}, ComputeProportional},
 		{"unset later keeps earlier", []string{`{"computeDefault":"uncapped"}`, `{"enforcement":"mps"}`}, ComputeUncapped},

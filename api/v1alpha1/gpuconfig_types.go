@@ -119,13 +119,16 @@ type ComputeDefault string
 const (
 	// ComputeProportional caps a share that does not ask for cores at its
 	// memory fraction of the GPU's usable memory, rounded up to a whole
-	// percent (at least 1). It is the default. The scheduler books such a
+	// percent (at least 1): compute isolation, for platforms that want it
+	// (a DeviceClass choice). The scheduler books such a
 	// share under `memory` only (its `cores` consumption is the published
 	// default, 0); see docs/enforcement.md for what that means for packing.
 	ComputeProportional ComputeDefault = "proportional"
 	// ComputeUncapped leaves a share that does not ask for cores without
 	// an SM limit: it may use the whole GPU's compute next to capped
-	// neighbours (the behaviour before computeDefault existed).
+	// neighbours (work-conserving: an idle neighbour's SMs are used, as
+	// on HAMi without gpucores, KAI and the device plugin). It is the
+	// default.
 	ComputeUncapped ComputeDefault = "uncapped"
 )
 
@@ -171,9 +174,9 @@ type GpuConfig struct {
 	FrameworkCaps []FrameworkCap `json:"frameworkCaps,omitempty"`
 
 	// ComputeDefault is the administrator's choice of the SM limit of a
-	// GPU share whose request does not ask for `cores`: proportional
-	// (default; its memory fraction of the GPU's usable memory, rounded up
-	// to a whole percent) or uncapped. Honoured only in a DeviceClass's
+	// GPU share whose request does not ask for `cores`: uncapped
+	// (default; work-conserving) or proportional (its memory fraction of
+	// the GPU's usable memory, rounded up to a whole percent). Honoured only in a DeviceClass's
 	// configuration; a claim whose own configuration sets it fails to
 	// prepare. Applies to shares of whole GPUs, not to time slices, MIG
 	// devices or exclusive GPUs. Several class configurations: the last

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"strconv"
 	"strings"
 	"testing"
 
@@ -65,15 +64,13 @@ func TestDemoShowdown(t *testing.T) {
 			t.Errorf("%s: productName %q, want a Tesla T4", name, d.Attributes["productName"])
 		}
 		checkEnv(t, r.Namespace, pl, envWant{mode: "interposer", enforced: "advisory", uuid: d.Attributes["uuid"]})
-		// No cores requested: the class's compute default (proportional)
-		// caps the share at its memory fraction of the T4's usable
-		// 15104Mi (15360Mi less the 256Mi reserve), rounded up.
-		cap := strconv.FormatInt((mem*100+t4UsableMiB-1)/t4UsableMiB, 10)
-		if got := pl.Env["TESSERA_COMPUTE_LIMIT"]; got != cap {
-			t.Errorf("%s: TESSERA_COMPUTE_LIMIT=%q, want %s (%dMi of %dMi, no cores requested)", name, got, cap, mem, t4UsableMiB)
+		// No cores requested: the class's compute default (uncapped, the
+		// work-conserving default) leaves the share every SM.
+		if got := pl.Env["TESSERA_COMPUTE_LIMIT"]; got != "100" {
+			t.Errorf("%s: TESSERA_COMPUTE_LIMIT=%q, want 100 (no cores requested, compute default uncapped)", name, got)
 		}
-		if got := pl.Env["CUDA_DEVICE_SM_LIMIT_0"]; got != cap {
-			t.Errorf("%s: CUDA_DEVICE_SM_LIMIT_0=%q, want %s (proportional to memory)", name, got, cap)
+		if got := pl.Env["CUDA_DEVICE_SM_LIMIT_0"]; got != "100" {
+			t.Errorf("%s: CUDA_DEVICE_SM_LIMIT_0=%q, want 100 (uncapped)", name, got)
 		}
 		files = append(files, hostFilesOfClaim(t, c.UID)...)
 	}

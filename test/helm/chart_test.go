@@ -618,7 +618,9 @@ func TestController(t *testing.T) {
 			}
 			hosts, _ := argValue(c, "--webhook-cert-hosts")
 			for _, w := range mwc[0].Webhooks {
-				if w.ObjectSelector == nil || len(w.ObjectSelector.MatchExpressions) != 1 || w.ObjectSelector.MatchExpressions[0].Key != "tessera.dev/queue" {
+				// The translating webhook (translation.enabled) selects by
+				// namespace and match condition (TestTranslationValues).
+				if w.Name != "translate.pods.admission.tessera.dev" && (w.ObjectSelector == nil || len(w.ObjectSelector.MatchExpressions) != 1 || w.ObjectSelector.MatchExpressions[0].Key != "tessera.dev/queue") {
 					t.Errorf("pod webhook must only see pods with the tessera.dev/queue label: %+v", w.ObjectSelector)
 				}
 				if *w.FailurePolicy != admissionregistrationv1.Fail {
@@ -729,8 +731,11 @@ func TestRBAC(t *testing.T) {
 				for _, res := range rule.Resources {
 					switch res {
 					case "resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses", "nodes":
+						// Translation (the full values) makes and deletes
+						// its managed templates, in a rule of their own.
+						translating := res == "resourceclaimtemplates" && len(rule.Resources) == 1 && vs.name == "full"
 						for _, v := range rule.Verbs {
-							if v != "get" && v != "list" && v != "watch" {
+							if v != "get" && v != "list" && v != "watch" && !(translating && (v == "create" || v == "patch" || v == "delete")) {
 								t.Errorf("controller may %s %s", v, res)
 							}
 						}

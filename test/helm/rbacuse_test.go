@@ -75,6 +75,10 @@ var apiUses = map[string]map[apiUse]string{
 		{"coordination.k8s.io", "leases", "update"}:                                   "controller-runtime leader election (LeaseLock)",
 		{"", "secrets", "get"}:    "pkg/control/webhook certs.go: the CA Secret (direct client)",
 		{"", "secrets", "update"}: "pkg/control/webhook certs.go: fill the chart's empty Secret",
+		// translation.enabled (the full values).
+		{"resource.k8s.io", "resourceclaimtemplates", "create"}: "pkg/control/webhook translate_handler.go: managed templates",
+		{"resource.k8s.io", "resourceclaimtemplates", "patch"}:  "pkg/control/webhook translate_handler.go: marks a managed template used",
+		{"resource.k8s.io", "resourceclaimtemplates", "delete"}: "pkg/control/controller translation.go: unused managed templates",
 	},
 }
 

@@ -206,6 +206,14 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		}
 		whServer.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.PodGater{Decoder: decoder, Reader: webhook.CacheFirst(mgr.GetCache(), direct)})})
 		whServer.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.ClaimValidator{Decoder: decoder, Reader: direct, Driver: devicemodel.DriverName, CEL: cel.NewCache(100, cel.Features{})})})
+		if o.Translate {
+			whServer.Register(webhook.TranslatePath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.PodTranslator{Decoder: decoder,
+				Reader: webhook.CacheFirst(mgr.GetCache(), direct), Client: direct, Config: o.TranslateConfig()})})
+			janitor := &TemplateJanitor{Client: direct, Recorder: reconciler.Recorder, Grace: o.TranslateTemplateGrace}
+			if err := mgr.Add(janitor); err != nil {
+				return nil, fmt.Errorf("translation templates: %w", err)
+			}
+		}
 		whServer.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.QueueValidator{Decoder: decoder, Reader: direct})})
 		if target != nil {
 			t := *target

@@ -19,7 +19,9 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/webhook"
 	"github.com/tessera-dev/tessera/pkg/featuregates"
+	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 )
 
 // Webhook configuration modes.
@@ -120,6 +122,16 @@ type Options struct {
 	// spec.controllerName (v1alpha1.DefaultControllerName: those that name
 	// none) and leaves every other pod and queue alone.
 	ControllerName string
+	// Translation of pods written for the device plugin, HAMi or KAI
+	// (pkg/control/webhook's TranslateConfig; docs/migration.md): served
+	// at webhook.TranslatePath when Translate is set; the managed
+	// templates no pod named for TranslateTemplateGrace are deleted.
+	Translate               bool
+	TranslateDevicePlugin   string
+	TranslateQueueNames     map[string]string
+	TranslateSchedulerNames []string
+	TranslateGPUMemoryMiB   int64
+	TranslateTemplateGrace  time.Duration
 	// Gates are the controller's feature gates (featuregates.Controller), set
 	// by --feature-gates; nil means their defaults.
 	Gates featuregate.FeatureGate
@@ -189,7 +201,23 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.CheckInstall, "check-install", false, "Check the installation and exit (the Helm chart's `helm test`): DeviceClasses, ResourceSlices, the Queue API and, with --check-install-queue, that the pod webhook gates a queued pod (a dry run in --namespace).")
 	fs.StringVar(&o.CheckInstallQueue, "check-install-queue", "", "Queue the --check-install dry-run pod names; empty skips the webhook check.")
 	fs.StringVar(&o.CheckInstallSandboxPolicy, "check-install-sandbox-policy", "", "ValidatingAdmissionPolicy --check-install expects to keep device users in Tessera's sandbox (the chart's <release>-sandbox); empty skips the check.")
+	fs.BoolVar(&o.Translate, "translate", false, "Serve the translating pod webhook ("+webhook.TranslatePath+"): pods written for the NVIDIA device plugin, HAMi or KAI get claims on Tessera's classes at creation (docs/migration.md); which namespaces is the webhook configuration's (the chart's translation values).")
+	fs.StringVar(&o.TranslateDevicePlugin, "translate-device-plugin", webhook.DevicePluginWhole, "What nvidia.com/gpu: N meant on the old cluster: whole (N whole GPUs) or timeslice (N time slices: the device plugin time-sliced).")
+	fs.StringToStringVar(&o.TranslateQueueNames, "translate-queue-names", nil, "KAI queue names (labels kai.scheduler/queue, runai/queue) mapped onto Tessera queues, <theirs>=<ours>,...; others keep their name.")
+	fs.StringSliceVar(&o.TranslateSchedulerNames, "translate-scheduler-names", nil, "schedulerNames (kai-scheduler, hami-scheduler) whose pods the translation moves to the default scheduler; others are kept.")
+	fs.Int64Var(&o.TranslateGPUMemoryMiB, "translate-gpu-memory-mib", 0, "GPU memory (MiB) KAI's gpu-fraction and HAMi's gpumem-percentage are of; 0: the usable memory the cluster's GPUs publish, when they all agree (else such pods are refused).")
+	fs.DurationVar(&o.TranslateTemplateGrace, "translate-template-grace", 10*time.Minute, "Managed templates (label "+webhook.ManagedTemplateLabel+") no pod names and none used for this long are deleted.")
 	fs.StringSliceVar(&o.CheckInstallDeviceClasses, "check-install-device-classes", []string{"gpu.tessera.dev", "mig.tessera.dev", "timeslice.tessera.dev"}, "DeviceClasses --check-install expects.")
+}
+
+// TranslateConfig is the translating webhook's configuration.
+func (o *Options) TranslateConfig() webhook.TranslateConfig {
+	dp := o.TranslateDevicePlugin
+	if dp == "" {
+		dp = webhook.DevicePluginWhole
+	}
+	return webhook.TranslateConfig{Driver: devicemodel.DriverName, GPUClass: "gpu.tessera.dev", TimeSliceClass: "timeslice.tessera.dev",
+		DevicePlugin: dp, QueueNames: o.TranslateQueueNames, SchedulerNames: o.TranslateSchedulerNames, GPUMemoryMiB: o.TranslateGPUMemoryMiB}
 }
 
 // Complete resolves defaults that depend on other flags; changed says
@@ -229,6 +257,15 @@ func (o *Options) Complete(changed func(flag string) bool) {
 
 // Validate checks the options; messages name the flag to fix.
 func (o *Options) Validate() error {
+	if o.TranslateDevicePlugin != "" && o.TranslateDevicePlugin != webhook.DevicePluginWhole && o.TranslateDevicePlugin != webhook.DevicePluginTimeSlice {
+		return fmt.Errorf("--translate-device-plugin=%q: want %s or %s", o.TranslateDevicePlugin, webhook.DevicePluginWhole, webhook.DevicePluginTimeSlice)
+	}
+	if o.Translate && o.TranslateTemplateGrace < 2*time.Minute {
+		return fmt.Errorf("--translate-template-grace=%s: want 2m or more (the webhook marks a reused template at most once a minute)", o.TranslateTemplateGrace)
+	}
+	if o.TranslateGPUMemoryMiB < 0 {
+		return fmt.Errorf("--translate-gpu-memory-mib=%d: want 0 or more", o.TranslateGPUMemoryMiB)
+	}
 	switch o.WebhookConfig {
 	case WebhookURL, WebhookNone:
 	case WebhookAuto:

@@ -35,6 +35,10 @@ const (
 // Row is a claim, or a group of claims.
 type Row struct {
 	Namespace, Claim, Pod, Node, Queue string
+	// From names the systems whose keys Tessera translated into the pod's
+	// claims (annotation tessera.dev/translated: device-plugin, hami, kai);
+	// "" for a pod written with claims.
+	From string
 	// Claims counts the claims in a group (1 for a claim).
 	Claims int
 	// Allocated is the device memory the claims were given; Used what
@@ -103,6 +107,7 @@ func Claims(claims []resourceapi.ResourceClaim, pods map[string]*corev1.Pod, dri
 				row.Pod = ref.Name
 				if p := pods[c.Namespace+"/"+ref.Name]; p != nil {
 					row.Queue = p.Labels[v1alpha1.QueueLabel]
+					row.From = v1alpha1.TranslatedFrom(p.Annotations[v1alpha1.TranslatedAnnotation])
 				}
 				break
 			}
@@ -183,13 +188,22 @@ func Sort(rows []Row, by string) error {
 	return nil
 }
 
-// Print writes rows as a table: per claim, or per group.
+// Print writes rows as a table: per claim, or per group. Per claim, a
+// FROM column names what a translated pod was written for (device-plugin,
+// hami, kai) when any row was translated.
 func Print(w io.Writer, rows []Row, by string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	from := false
+	for _, r := range rows {
+		from = from || r.From != ""
+	}
 	var head []string
 	switch by {
 	case ByClaim:
 		head = []string{"NAMESPACE", "CLAIM", "POD", "QUEUE", "NODE"}
+		if from {
+			head = append(head, "FROM")
+		}
 	case ByNamespace:
 		head = []string{"NAMESPACE", "CLAIMS"}
 	case ByQueue:
@@ -204,6 +218,9 @@ func Print(w io.Writer, rows []Row, by string) error {
 		switch by {
 		case ByClaim:
 			cells = []string{r.Namespace, r.Claim, dash(r.Pod), dash(r.Queue), dash(r.Node)}
+			if from {
+				cells = append(cells, dash(r.From))
+			}
 		case ByNamespace:
 			cells = []string{r.Namespace, fmt.Sprint(r.Claims)}
 		case ByQueue:

@@ -103,3 +103,32 @@ func TestTop(t *testing.T) {
 		t.Errorf("bad --sort: %v", err)
 	}
 }
+
+// A translated pod's claim says what the pod was written for; the column
+// appears only when some claim was translated.
+func TestTopFrom(t *testing.T) {
+	claims := []resourceapi.ResourceClaim{
+		claim("ml", "native", "node-1", "p-native", 4*gi, gi),
+		claim("ml", "migrated", "node-1", "p-kai", 8*gi, gi),
+	}
+	pods := map[string]*corev1.Pod{
+		"ml/p-native": {ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{v1alpha1.QueueLabel: "research"}}},
+		"ml/p-kai": {ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{v1alpha1.QueueLabel: "research"},
+			Annotations: map[string]string{v1alpha1.TranslatedAnnotation: "from kai; container main: gpu-fraction=0.5 -> 1 share of gpu.tessera.dev (memory 7552Mi, compute uncapped)"}}},
+	}
+	var buf bytes.Buffer
+	if err := Print(&buf, Claims(claims, pods, driver), ByClaim); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if !strings.Contains(lines[0], "FROM") || strings.Fields(lines[1])[5] != "-" || strings.Fields(lines[2])[5] != "kai" {
+		t.Errorf("output:\n%s", buf.String())
+	}
+	buf.Reset()
+	if err := Print(&buf, Claims(claims[:1], pods, driver), ByClaim); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "FROM") {
+		t.Errorf("no translated claim, yet a FROM column:\n%s", buf.String())
+	}
+}

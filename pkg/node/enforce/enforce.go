@@ -230,16 +230,16 @@ type Result struct {
 // ComputeCap is the compute (SM) limit in percent that an allocation is
 // held to, 0 for none. A share of a whole GPU that asked for cores gets
 // what it asked for; one that did not gets its class's computeDefault:
-// proportional (unset counts as proportional) is its memory fraction of
-// the GPU's usable memory rounded up to a whole percent, at least 1;
-// uncapped is 0. Time slices, MIG devices and exclusive GPUs are not
+// uncapped (unset counts as uncapped: work-conserving, the default) is 0;
+// proportional is its memory fraction of the GPU's usable memory rounded
+// up to a whole percent, at least 1. Time slices, MIG devices and exclusive GPUs are not
 // capped by this (0 unless cores were allocated).
 func ComputeCap(a Allocation) (int, error) {
 	if a.Cores != 0 || a.Type != devicemodel.TypeGPU || a.Whole {
 		return a.Cores, nil
 	}
-	if a.Config != nil && a.Config.ComputeDefault == v1alpha1.ComputeUncapped {
-		return 0, nil
+	if a.Config == nil || a.Config.ComputeDefault != v1alpha1.ComputeProportional {
+		return 0, nil // uncapped, the default
 	}
 	if a.Usable == 0 {
 		return 0, fmt.Errorf("device %s: the GPU's usable memory is unknown, so the proportional compute limit (computeDefault) cannot be computed", a.Device)

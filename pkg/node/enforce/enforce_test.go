@@ -25,11 +25,19 @@ func cfg(mode v1alpha1.EnforcementMode, caps ...v1alpha1.FrameworkCap) *v1alpha1
 	return c
 }
 
-// uncapped is c with computeDefault uncapped: a share without cores keeps
-// no SM limit (the behaviour these cases were written for).
+// uncapped is c with computeDefault uncapped (the default, set
+// explicitly): a share without cores keeps no SM limit.
 func uncapped(c *v1alpha1.GpuConfig) *v1alpha1.GpuConfig {
 	c = c.DeepCopy()
 	c.ComputeDefault = v1alpha1.ComputeUncapped
+	return c
+}
+
+// proportional is c with computeDefault proportional: a share without
+// cores is capped at its memory fraction.
+func proportional(c *v1alpha1.GpuConfig) *v1alpha1.GpuConfig {
+	c = c.DeepCopy()
+	c.ComputeDefault = v1alpha1.ComputeProportional
 	return c
 }
 
@@ -269,7 +277,8 @@ func TestFormatFraction(t *testing.T) {
 }
 
 func TestComputeCap(t *testing.T) {
-	prop, unc := cfg(v1alpha1.EnforcementAuto), uncapped(cfg(v1alpha1.EnforcementAuto))
+	prop, unc := proportional(cfg(v1alpha1.EnforcementAuto)), uncapped(cfg(v1alpha1.EnforcementAuto))
+	normalized := cfg(v1alpha1.EnforcementAuto)
 	unset := &v1alpha1.GpuConfig{Enforcement: v1alpha1.EnforcementAuto} // not normalized
 	with := func(a Allocation, f func(*Allocation)) Allocation { f(&a); return a }
 	tests := []struct {
@@ -282,7 +291,9 @@ func TestComputeCap(t *testing.T) {
 		{"proportional rounds up", share("gpu-0", gpu0, gib, 0, prop), 7, ""}, // 6.25 %
 		{"proportional at least 1", with(share("gpu-0", gpu0, 256*mib, 0, prop), func(a *Allocation) { a.Usable = 80 * gib }), 1, ""},
 		{"proportional near the whole GPU", share("gpu-0", gpu0, 16*gib-mib, 0, prop), 100, ""},
-		{"unset computeDefault is proportional", share("gpu-0", gpu0, 8*gib, 0, unset), 50, ""},
+		{"unset computeDefault is uncapped", share("gpu-0", gpu0, 8*gib, 0, unset), 0, ""},
+		{"normalized default is uncapped", share("gpu-0", gpu0, 8*gib, 0, normalized), 0, ""},
+		{"no configuration is uncapped", share("gpu-0", gpu0, 8*gib, 0, nil), 0, ""},
 		{"uncapped", share("gpu-0", gpu0, 4*gib, 0, unc), 0, ""},
 		{"requested cores win under proportional", share("gpu-0", gpu0, 4*gib, 60, prop), 60, ""},
 		{"requested cores win under uncapped", share("gpu-0", gpu0, 4*gib, 10, unc), 10, ""},
@@ -327,7 +338,7 @@ func TestComputeDefaultEnv(t *testing.T) {
 	interNode := Node{InterposerLibrary: "/opt/hami/libvgpu.so"}
 	mpsNode := Node{MPSPipeDir: mpsRoot}
 	perClaim := Node{MPSPerClaim: true}
-	prop := func(m v1alpha1.EnforcementMode) *v1alpha1.GpuConfig { return cfg(m) }
+	prop := func(m v1alpha1.EnforcementMode) *v1alpha1.GpuConfig { return proportional(cfg(m)) }
 	unc := func(m v1alpha1.EnforcementMode) *v1alpha1.GpuConfig { return uncapped(cfg(m)) }
 	inter, mpsMode, none := v1alpha1.EnforcementInterposer, v1alpha1.EnforcementMPS, v1alpha1.EnforcementNone
 	tests := []struct {

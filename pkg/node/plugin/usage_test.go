@@ -125,9 +125,9 @@ func TestUsageMetricsAndStatus(t *testing.T) {
 		{MetricClaimMemoryAllocated, claimLabels("a", "gpu-0"), float64(4 * gib)},
 		{MetricClaimMemoryUsed, claimLabels("a", "gpu-0"), 1 << 30},
 		{MetricClaimSMUtilization, claimLabels("a", "gpu-0"), 30},
-		// No cores requested: capped at its memory fraction (compute default
-		// proportional), 4Gi of the T4's usable 15104Mi, rounded up.
-		{MetricClaimComputeAllocated, claimLabels("a", "gpu-0"), 28},
+		// No cores requested: the compute default (uncapped) leaves it
+		// the whole GPU's compute.
+		{MetricClaimComputeAllocated, claimLabels("a", "gpu-0"), 100},
 		{MetricClaimMemoryUsed, claimLabels("b", "gpu-0"), 256 << 20},
 		{MetricClaimComputeAllocated, claimLabels("b", "gpu-0"), 50},
 		{MetricClaimMemoryUsed, claimLabels("c", "gpu-1"), 0},

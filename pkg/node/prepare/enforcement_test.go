@@ -161,9 +161,9 @@ func TestMPSPerClaim(t *testing.T) {
 		t.Errorf("claim a's daemon got %q, want %q", cmds, want)
 	}
 	cmds, _ = os.ReadFile(filepath.Join(pipes["b"], "commands"))
-	// b asks for no cores: its class's computeDefault (proportional) caps
-	// it at its memory fraction, 2 GiB of the T4's usable memory, rounded up.
-	if want := "set_default_device_pinned_mem_limit " + uuid + " 2048M\nset_default_active_thread_percentage 14\n"; string(cmds) != want {
+	// b asks for no cores: its class's computeDefault (uncapped, the
+	// default) sets no active thread percentage.
+	if want := "set_default_device_pinned_mem_limit " + uuid + " 2048M\n"; string(cmds) != want {
 		t.Errorf("claim b's daemon got %q, want %q", cmds, want)
 	}
 
@@ -193,7 +193,7 @@ func TestMPSPerClaim(t *testing.T) {
 }
 
 // TestComputeDefault: a share that asks for no cores is capped by its
-// class's computeDefault (proportional unless the class says uncapped);
+// class's computeDefault (uncapped unless the class says proportional);
 // the spec's SM limit, the recorded compute limit and the claim status
 // agree; a claim that sets computeDefault itself fails to prepare.
 func TestComputeDefault(t *testing.T) {
@@ -205,9 +205,15 @@ func TestComputeDefault(t *testing.T) {
 		wantErr []string
 	}{
 		{
-			// 1 GiB of the T4's 15104 MiB usable memory is 6.8 %.
-			name:   "default is proportional",
+			// Work-conserving: no SM limit unless the class asks for one.
+			name:   "default is uncapped",
 			claim:  claim("c", share("gpu", "gpu-0", "s-1", gib, 0)),
+			wantSM: "100",
+		},
+		{
+			// 1 GiB of the T4's 15104 MiB usable memory is 6.8 %.
+			name:   "class proportional",
+			claim:  withConfig(claim("c", share("gpu", "gpu-0", "s-1", gib, 0)), resourceapi.AllocationConfigSourceClass, nil, `"computeDefault":"proportional"`),
 			wantSM: "7",
 		},
 		{

@@ -171,6 +171,15 @@ config:
 {{- if and .Values.kubeletPlugin.interposer.install.enabled .Values.kubeletPlugin.interposerLibrary -}}
 {{- fail "set either kubeletPlugin.interposerLibrary (a library already on the nodes) or kubeletPlugin.interposer.install.enabled (copy it from an image), not both" -}}
 {{- end -}}
+{{- if and .Values.translation.enabled (not (and .Values.controller.enabled .Values.webhook.enabled)) -}}
+{{- fail "translation.enabled=true needs controller.enabled=true and webhook.enabled=true: the controller's webhook translates pods" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* key=value,... of a map, keys sorted (a flag of pflag's StringToString). */}}
+{{- define "tessera.keyValues" -}}
+{{- $m := . -}}
+{{- range $i, $k := keys $m | sortAlpha }}{{ if $i }},{{ end }}{{ $k }}={{ index $m $k }}{{ end -}}
 {{- end -}}
 
 {{/* The value of a component's --feature-gates: (dict "set" <the user's
