@@ -18,8 +18,6 @@ import (
 // TestDemoShowdown: inference 2000Mi x 2, training 8000Mi, preprocessing
 // 3000Mi all share the node's one T4 (gpu-0); each container's limits equal
 // its share.
-// t4UsableMiB is a mock T4's memory less the plugin's default reserve.
-const t4UsableMiB = 15360 - 256
 
 func TestDemoShowdown(t *testing.T) {
 	r, pls := runScenario(t, "showdown")

@@ -735,7 +735,9 @@ func TestRBAC(t *testing.T) {
 						// its managed templates, in a rule of their own.
 						translating := res == "resourceclaimtemplates" && len(rule.Resources) == 1 && vs.name == "full"
 						for _, v := range rule.Verbs {
-							if v != "get" && v != "list" && v != "watch" && !(translating && (v == "create" || v == "patch" || v == "delete")) {
+							read := v == "get" || v == "list" || v == "watch"
+							managed := translating && (v == "create" || v == "patch" || v == "delete")
+							if !read && !managed {
 								t.Errorf("controller may %s %s", v, res)
 							}
 						}
