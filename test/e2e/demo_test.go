@@ -18,7 +18,6 @@ import (
 // TestDemoShowdown: inference 2000Mi x 2, training 8000Mi, preprocessing
 // 3000Mi all share the node's one T4 (gpu-0); each container's limits equal
 // its share.
-
 func TestDemoShowdown(t *testing.T) {
 	r, pls := runScenario(t, "showdown")
 	want := map[string]int64{"inference-1": 2000, "inference-2": 2000, "training": 8000, "preprocessing": 3000}
