@@ -8,9 +8,10 @@ import (
 
 // The data path reads top-down (discover → model → publish → prepare →
 // CDI) over nvml.Interface; only pkg/node/nvmlsource decides whether that is the
-// node's NVML or the mock GPUs. No other package the plugin links may
-// reach into the mock, so that a real node runs exactly the code the mock
-// tests exercise.
+// node's NVML or the mock GPUs. No other package of the node side (or this
+// command) may reach into the mock, so that a real node runs exactly the
+// code the mock tests exercise. (The GPU model's pkg/gpu/nodeslices offers
+// tools a mock node's slices, nodeslices.Mock; the plugin never calls it.)
 func TestOnlyBackendImportsTheMock(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "-f", `{{.ImportPath}} {{join .Imports " "}}`, ".").CombinedOutput()
 	if err != nil {
@@ -20,7 +21,8 @@ func TestOnlyBackendImportsTheMock(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
 		pkg, imports := fields[0], fields[1:]
-		if !strings.HasPrefix(pkg, module) || pkg == module+"pkg/node/nvmlsource" || pkg == module+"pkg/gpu/nvmlmock" {
+		nodeSide := strings.HasPrefix(pkg, module+"pkg/node/") || strings.HasPrefix(pkg, module+"cmd/")
+		if !nodeSide || pkg == module+"pkg/node/nvmlsource" {
 			continue
 		}
 		for _, imp := range imports {
