@@ -240,7 +240,9 @@ func (e *env) waitWaiting(name, reason, message string) {
 		}
 		return nil
 	})
-	testutil.Eventually(e.t, 30*time.Second, "event on pod "+name, func() error {
+	// Events go through the recorder's broadcaster, asynchronously: on a
+	// loaded machine they trail the condition by tens of seconds.
+	testutil.Eventually(e.t, 90*time.Second, "event on pod "+name, func() error {
 		var evs eventsv1.EventList
 		if err := e.c.List(e.ctx, &evs, client.InNamespace("default")); err != nil {
 			return err
