@@ -260,7 +260,7 @@ func (e *env) waitWaiting(name, reason, message string) {
 // the API keeps in the default namespace.
 func (e *env) waitQueueEvent(queue, reason, note string) {
 	e.t.Helper()
-	testutil.Eventually(e.t, 30*time.Second, "event on queue "+queue, func() error {
+	testutil.Eventually(e.t, 90*time.Second, "event on queue "+queue, func() error {
 		var evs eventsv1.EventList
 		if err := e.c.List(e.ctx, &evs, client.InNamespace("default")); err != nil {
 			return err
