@@ -275,3 +275,24 @@ func applyYAML(t *testing.T, manifests string) {
 		_, _ = cluster.Kubectl(ctx, "delete", "-f", f.Name(), "--ignore-not-found")
 	})
 }
+
+// withChartValues upgrades the chart with values (what names them in
+// errors) for the rest of the test, and back to the defaults at its end.
+func withChartValues(t *testing.T, what string, values map[string]any) {
+	t.Helper()
+	if err := cluster.UpgradeChart(t.Context(), defaultPlugin, values); err != nil {
+		t.Fatalf("helm upgrade with %s: %v", what, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := cluster.UpgradeChart(ctx, defaultPlugin, nil); err != nil {
+			t.Errorf("helm upgrade without %s: %v", what, err)
+		}
+	})
+}
+
+// emptyQueue is the manifest of a Queue without limits.
+func emptyQueue(name string) string {
+	return "apiVersion: tessera.dev/v1alpha1\nkind: Queue\nmetadata:\n  name: " + name + "\nspec: {}\n"
+}

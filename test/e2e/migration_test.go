@@ -42,22 +42,8 @@ func TestMigrationFixtures(t *testing.T) {
 	const queueName = "migration"
 	values := map[string]any{"translation": map[string]any{"enabled": true,
 		"queueNames": map[string]any{"default-queue": queueName}, "schedulerNames": []any{"kai-scheduler"}}}
-	if err := cluster.UpgradeChart(ctx, defaultPlugin, values); err != nil {
-		t.Fatalf("helm upgrade with translation.enabled: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		if err := cluster.UpgradeChart(ctx, defaultPlugin, nil); err != nil {
-			t.Errorf("helm upgrade without translation: %v", err)
-		}
-	})
-	applyYAML(t, `apiVersion: tessera.dev/v1alpha1
-kind: Queue
-metadata:
-  name: `+queueName+`
-spec: {}
-`)
+	withChartValues(t, "translation.enabled", values)
+	applyYAML(t, emptyQueue(queueName))
 	ns := newNamespace(t)
 	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:"enabled",%q:%q}}}`, webhook.TranslateNamespaceLabel, v1alpha1.QueueLabel, queueName))
 	if _, err := cluster.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
@@ -272,22 +258,8 @@ func TestDevicePluginNameServedByDRA(t *testing.T) {
 	ctx := t.Context()
 	const queueName = "device-plugin"
 	values := map[string]any{"deviceClasses": map[string]any{"extendedResourceName": map[string]any{"enabled": true, "name": "nvidia.com/gpu"}}}
-	if err := cluster.UpgradeChart(ctx, defaultPlugin, values); err != nil {
-		t.Fatalf("helm upgrade with deviceClasses.extendedResourceName nvidia.com/gpu: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		if err := cluster.UpgradeChart(ctx, defaultPlugin, nil); err != nil {
-			t.Errorf("helm upgrade without the extended resource name: %v", err)
-		}
-	})
-	applyYAML(t, `apiVersion: tessera.dev/v1alpha1
-kind: Queue
-metadata:
-  name: `+queueName+`
-spec: {}
-`)
+	withChartValues(t, "deviceClasses.extendedResourceName nvidia.com/gpu", values)
+	applyYAML(t, emptyQueue(queueName))
 	ns := newNamespace(t)
 	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, v1alpha1.QueueLabel, queueName))
 	if _, err := cluster.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
