@@ -1,6 +1,8 @@
 package prepare
 
 import (
+	"maps"
+	"slices"
 	"sort"
 
 	"github.com/tessera-dev/tessera/pkg/node/checkpoint"
@@ -71,12 +73,7 @@ func (p *Preparer) Claims() []*checkpoint.Claim {
 func (p *Preparer) Prepared() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]string, 0, len(p.claims))
-	for uid := range p.claims {
-		out = append(out, uid)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(p.claims))
 }
 
 // mpsRecord is how a claim's record keeps its MPS daemon: its pipe

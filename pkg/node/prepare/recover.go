@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -322,12 +323,7 @@ func (p *Preparer) orphans() (map[string]string, error) {
 func (p *Preparer) Pending() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]string, 0, len(p.pending))
-	for uid := range p.pending {
-		out = append(out, uid)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(p.pending))
 }
 
 // RunRepairs retries pending repairs every interval until none are left
