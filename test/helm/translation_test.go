@@ -1,7 +1,6 @@
 package helm
 
 import (
-	"crypto/tls"
 	"fmt"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/webhook"
@@ -129,25 +129,11 @@ func TestTranslationInAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := webhook.EnsureCA(ctx, c, DefaultNamespace, ReleaseName+"-webhook-tls")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs := &webhook.ServingCerts{CA: ca, Hosts: []string{"127.0.0.1"}}
-	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Host: "127.0.0.1", Port: port, TLSOpts: []func(*tls.Config){func(c *tls.Config) {
-		c.GetCertificate = certs.GetCertificate
-	}}})
-	dec := webhook.NewDecoder(scheme)
-	cfg := webhook.TranslateConfig{Driver: "gpu.tessera.dev", GPUClass: "gpu.tessera.dev", TimeSliceClass: "timeslice.tessera.dev",
-		DevicePlugin: webhook.DevicePluginWhole, QueueNames: map[string]string{"default-queue": "team-a"}, SchedulerNames: []string{"kai-scheduler"}, GPUMemoryMiB: 15104}
-	srv.Register(webhook.TranslatePath, &ctrlwebhook.Admission{Handler: &webhook.PodTranslator{Decoder: dec, Reader: c, Client: ctl, Config: cfg}})
-	srv.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: dec, Reader: c}})
-	srv.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: &webhook.ClaimValidator{Decoder: dec, Reader: c, Driver: "gpu.tessera.dev"}})
-	srv.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: dec, Reader: c}})
-	go func() { _ = srv.Start(ctx) }()
-	if err := webhook.PatchCABundle(ctx, c, ReleaseName+"-pod-admission", ReleaseName+"-queue-validation", ca.CertPEM); err != nil {
-		t.Fatal(err)
-	}
+	serveWebhooks(t, ctx, c, port, func(srv ctrlwebhook.Server, dec admission.Decoder) {
+		cfg := webhook.TranslateConfig{Driver: "gpu.tessera.dev", GPUClass: "gpu.tessera.dev", TimeSliceClass: "timeslice.tessera.dev",
+			DevicePlugin: webhook.DevicePluginWhole, QueueNames: map[string]string{"default-queue": "team-a"}, SchedulerNames: []string{"kai-scheduler"}, GPUMemoryMiB: 15104}
+		srv.Register(webhook.TranslatePath, &ctrlwebhook.Admission{Handler: &webhook.PodTranslator{Decoder: dec, Reader: c, Client: ctl, Config: cfg}})
+	})
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		err := c.Create(ctx, &v1alpha1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "probe"}, Spec: v1alpha1.QueueSpec{Parent: "nope"}}, client.DryRunAll)
 		if err != nil && strings.Contains(err.Error(), "does not exist") {

@@ -1,6 +1,7 @@
 package helm
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/webhook"
@@ -45,22 +47,7 @@ func TestWebhooksInAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := webhook.EnsureCA(ctx, c, DefaultNamespace, ReleaseName+"-webhook-tls")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs := &webhook.ServingCerts{CA: ca, Hosts: []string{"127.0.0.1"}}
-	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Host: "127.0.0.1", Port: port, TLSOpts: []func(*tls.Config){func(c *tls.Config) {
-		c.GetCertificate = certs.GetCertificate
-	}}})
-	dec := webhook.NewDecoder(scheme)
-	srv.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: dec, Reader: c}})
-	srv.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: &webhook.ClaimValidator{Decoder: dec, Reader: c, Driver: "gpu.tessera.dev"}})
-	srv.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: dec, Reader: c}})
-	go func() { _ = srv.Start(ctx) }()
-	if err := webhook.PatchCABundle(ctx, c, ReleaseName+"-pod-admission", ReleaseName+"-queue-validation", ca.CertPEM); err != nil {
-		t.Fatal(err)
-	}
+	serveWebhooks(t, ctx, c, port, nil)
 
 	objs := []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a", Labels: map[string]string{"team": "a"}}},
@@ -186,5 +173,32 @@ func TestWebhookMatchConditions(t *testing.T) {
 	}
 	if seen != len(want) {
 		t.Errorf("found %d of the %d match conditions", seen, len(want))
+	}
+}
+
+// serveWebhooks serves the controller's pod gate and claim and Queue
+// validation (and what extra registers) on 127.0.0.1:port, with the CA
+// kept as the controller keeps it, and gives the chart's webhook
+// configurations that CA.
+func serveWebhooks(t *testing.T, ctx context.Context, c client.Client, port int, extra func(srv ctrlwebhook.Server, dec admission.Decoder)) {
+	t.Helper()
+	ca, err := webhook.EnsureCA(ctx, c, DefaultNamespace, ReleaseName+"-webhook-tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := &webhook.ServingCerts{CA: ca, Hosts: []string{"127.0.0.1"}}
+	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Host: "127.0.0.1", Port: port, TLSOpts: []func(*tls.Config){func(c *tls.Config) {
+		c.GetCertificate = certs.GetCertificate
+	}}})
+	dec := webhook.NewDecoder(c.Scheme())
+	if extra != nil {
+		extra(srv, dec)
+	}
+	srv.Register(webhook.PodsPath, &ctrlwebhook.Admission{Handler: &webhook.PodGater{Decoder: dec, Reader: c}})
+	srv.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: &webhook.ClaimValidator{Decoder: dec, Reader: c, Driver: "gpu.tessera.dev"}})
+	srv.Register(webhook.QueuesPath, &ctrlwebhook.Admission{Handler: &webhook.QueueValidator{Decoder: dec, Reader: c}})
+	go func() { _ = srv.Start(ctx) }()
+	if err := webhook.PatchCABundle(ctx, c, ReleaseName+"-pod-admission", ReleaseName+"-queue-validation", ca.CertPEM); err != nil {
+		t.Fatal(err)
 	}
 }
