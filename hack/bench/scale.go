@@ -85,7 +85,14 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 	p("\n### Targets\n\n| target | measured | verdict |\n|---|---|---|\n")
 	if a, a2 := rep.Find("shares"), rep.Find("claims"); a != nil && a2 != nil {
 		r := a.AllBound.Seconds() / a2.AllBound.Seconds()
-		p("| (a) at most 0.6x (a'): queued pods, pinned by node name, bind faster than the same pods without queues | %.2fx | %s |\n", r, verdict(r <= 0.6))
+		bound := ""
+		if b := zeroCostBound(a, a2); b > 0 {
+			bound = fmt.Sprintf(" (with Tessera's own CPU at zero this machine would give %.2fx: the components' CPU bounds it, below)", b)
+		}
+		p("| (a) at most 0.6x (a'): queued pods, pinned by node name, bind faster than the same pods without queues | %.2fx%s | %s |\n", r, bound, verdict(r <= 0.6))
+	}
+	for _, row := range costTargets(rep) {
+		p("%s\n", row)
 	}
 	if a := rep.Find("shares"); a != nil {
 		peak := a.Usage["controller"].PeakRSS

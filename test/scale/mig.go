@@ -89,6 +89,24 @@ func migSetup(ctx context.Context, h *harness, ns string) (func(context.Context)
 	return func(ctx context.Context) error { return republish(ctx, h.cs, h.cfg, false, h.logf) }, nil
 }
 
+// DevicesPerNode is how many devices the plugin publishes for a node of
+// profile, with its GPUs in dynamic MIG mode or not.
+func DevicesPerNode(ctx context.Context, profile string, mig bool) (int, error) {
+	opts, err := pluginOptions(profile, mig)
+	if err != nil {
+		return 0, err
+	}
+	slices, err := plugin.NodeSlices(ctx, opts, nodeName(0))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, s := range slices {
+		n += len(s.Spec.Devices)
+	}
+	return n, nil
+}
+
 // pluginOptions are the kubelet plugin's options for the run's mock
 // profile, its GPUs in MIG mode (dynamic) or not.
 func pluginOptions(profile string, mig bool) (*plugin.Options, error) {

@@ -22,6 +22,10 @@ const ControllerMetricsURL = "http://127.0.0.1:18080/metrics"
 type Report struct {
 	Config      Config
 	GPUsPerNode int
+	// DevicesPerNode and MIGDevicesPerNode are the devices a node
+	// publishes, ordinarily and with its GPUs in dynamic MIG mode (the (m)
+	// workload's slices); 0 when not known.
+	DevicesPerNode, MIGDevicesPerNode int
 	// ClusterUp is the bring-up (chart, kwok), Setup the fake nodes,
 	// their slices and the queues.
 	ClusterUp, Setup time.Duration
@@ -122,6 +126,14 @@ func onCluster(ctx context.Context, cfg Config, logf localcluster.Logf, body fun
 		return nil, err
 	}
 	rep.Setup = time.Since(setupStart)
+	if rep.DevicesPerNode, err = DevicesPerNode(ctx, cfg.Profile, false); err != nil {
+		return nil, err
+	}
+	if cfg.MIGPods > 0 {
+		if rep.MIGDevicesPerNode, err = DevicesPerNode(ctx, cfg.Profile, true); err != nil {
+			return nil, err
+		}
+	}
 	h := &harness{cfg: cfg, cs: cs, crc: crc, endpoints: eps, logf: logf, profileDir: cfg.ProfileDir}
 	if h.profileDir == "" {
 		if h.profileDir, err = os.MkdirTemp("", "tessera-scale-profiles-"); err != nil {

@@ -78,15 +78,22 @@ func (h *HistoryKeeper) Update(ctx context.Context) error {
 		slices     resourceapi.ResourceSliceList
 		namespaces corev1.NamespaceList
 	)
-	for _, l := range []client.ObjectList{&queues, &claims, &slices} {
-		if err := h.Reader.List(ctx, l); err != nil {
+	// Claims, slices, pods and namespaces are only read (history.Rates):
+	// the cache's objects as they are, not a copy of every published
+	// device at each sample. Queues are copies: their status is read
+	// against what this sampler wrote.
+	if err := h.Reader.List(ctx, &queues); err != nil {
+		return err
+	}
+	for _, l := range []client.ObjectList{&claims, &slices} {
+		if err := h.Reader.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
 			return err
 		}
 	}
-	if err := h.Reader.List(ctx, &pods, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+	if err := h.Reader.List(ctx, &pods, client.HasLabels{v1alpha1.QueueLabel}, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
-	if err := h.Reader.List(ctx, &namespaces, client.HasLabels{v1alpha1.QueueLabel}); err != nil {
+	if err := h.Reader.List(ctx, &namespaces, client.HasLabels{v1alpha1.QueueLabel}, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
 	qs := ptrs(queues.Items)

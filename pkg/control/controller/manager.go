@@ -46,6 +46,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/history"
 	"github.com/tessera-dev/tessera/pkg/control/installcheck"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 	"github.com/tessera-dev/tessera/pkg/control/webhook"
 	featuregates "github.com/tessera-dev/tessera/pkg/featuregates"
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
@@ -104,10 +105,17 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		LeaderElectionReleaseOnCancel: true,
 		LeaseDuration:                 ptr.To(o.LeaderElectionLease),
 		RenewDeadline:                 ptr.To(o.LeaderElectionRenewTime),
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:     {Label: labels.NewSelector().Add(*queued)},
-			&v1alpha1.Queue{}: {Transform: gatedQueueFields(o)},
-		}},
+		// The cache keeps no managed fields (nothing reads them) and one
+		// copy of what ResourceSlices repeat (sliceintern: capacities,
+		// counter consumptions, attribute values shared between devices).
+		Cache: cache.Options{
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Pod{}:                {Label: labels.NewSelector().Add(*queued)},
+				&v1alpha1.Queue{}:            {Transform: gatedQueueFields(o)},
+				&resourceapi.ResourceSlice{}: {Transform: sliceintern.New(0, nil).Transform()},
+			},
+		},
 		WebhookServer: whServer,
 		BaseContext:   func() context.Context { return ctx },
 	}

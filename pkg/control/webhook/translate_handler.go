@@ -61,8 +61,10 @@ func (t *PodTranslator) Handle(ctx context.Context, req admission.Request) admis
 	if pod.Namespace == "" {
 		pod.Namespace = req.Namespace
 	}
+	// Read only: a cache's objects as they are, not a copy of every
+	// published device for each pod.
 	var slices resourceapi.ResourceSliceList
-	if err := t.Reader.List(ctx, &slices); err != nil {
+	if err := t.Reader.List(ctx, &slices, client.UnsafeDisableDeepCopy); err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("listing ResourceSlices: %w", err))
 	}
 	tr, err := t.Config.Translate(pod, InventoryFromSlices(t.Config.Driver, slices.Items))
