@@ -9,50 +9,6 @@ import (
 	"time"
 )
 
-// prepareLatency runs the plugin's prepare benchmark twice, with the node's
-// directories on the disk and on tmpfs, so that the cost of fsync shows.
-func prepareLatency(_ context.Context, r *report) error {
-	n := r.iterations("2000x", "20x")
-	disk := goBenchRun{pkg: "./pkg/node/plugin/", pattern: "PrepareLatency", benchtime: n}
-	tmpfs := disk
-	tmpfs.env = []string{"TESSERA_BENCH_DIR=/dev/shm"}
-	r.printf("\n## Prepare and unprepare latency\n\n")
-	r.printf("`NodePrepareResources` and `NodeUnprepareResources` as the kubelet calls them: a gRPC client on the plugin's Unix socket, the real plugin (`plugin.Start`: kubelet plugin helper, preparer, checkpoint, CDI writer, health, status writer) over mock GPUs (`t4:3,a100-40gb`, MIG on the A100, 4 time slices on GPU 2) and a fake API server that holds the claims. Each iteration prepares one new claim and unprepares it; p50 and p99 are over all iterations (%s per kind), per call.\n\n", n)
-	r.printf("Commands:\n\n```sh\n%s\n%s   # every directory on tmpfs: the disk's fsync taken out\n```\n\n", disk.command(), tmpfs.command())
-	onDisk, err := disk.run()
-	if err != nil {
-		return err
-	}
-	onTmpfs, err := tmpfs.run()
-	if err != nil {
-		return err
-	}
-	kinds := []struct{ key, label string }{
-		{"share", "share (1 GiB of a T4, interposer mode, `cores` 25)"},
-		{"whole", "whole GPU"},
-		{"timeslice", "time slice, `timeSliceInterval: Short`"},
-		{"mig", "MIG `1g.5gb` (mock creation)"},
-	}
-	r.printf("| claim kind | prepare p50 | prepare p99 | unprepare p50 | unprepare p99 | tmpfs: prepare p50 / p99 | disk / tmpfs, prepare p50 |\n|---|---:|---:|---:|---:|---:|---:|\n")
-	for _, k := range kinds {
-		d, t := onDisk["PrepareLatency/"+k.key].Figures, onTmpfs["PrepareLatency/"+k.key].Figures
-		ratio := "-"
-		if t["prepare-p50-ms"] > 0 {
-			ratio = fmt.Sprintf("%.1fx", d["prepare-p50-ms"]/t["prepare-p50-ms"])
-		}
-		r.printf("| %s | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2f / %.2f ms | %s |\n", k.label,
-			d["prepare-p50-ms"], d["prepare-p99-ms"], d["unprepare-p50-ms"], d["unprepare-p99-ms"], t["prepare-p50-ms"], t["prepare-p99-ms"], ratio)
-	}
-	r.printf("\n")
-	r.printf("- A share costs one fsynced write (its PrepareCompleted checkpoint: temp file, fsync, rename, directory fsync); its CDI spec is renamed into place without fsync (see [enforcement.md](enforcement.md)). The disk's fsync is most of the difference between the disk and tmpfs columns, and most of the variance: while other jobs hammer the disk, the p99 rises several-fold while the p50 barely moves.\n")
-	r.printf("- A time slice or MIG claim costs two fsynced writes (PrepareStarted, PrepareCompleted) plus setting the interval (the mock records it in a file) or creating the instance.\n")
-	r.printf("- MIG: the mock creates instances instantly but persists its MIG state with an fsynced write per GPU and compute instance, which is the extra disk time in that row. Creating a MIG instance on real hardware takes on the order of a second and is not measured here; everything else on the MIG path is.\n")
-	r.printf("- The status write (`status.devices`) runs in the background and is not in these figures.\n")
-	p99 := onDisk["PrepareLatency/share"].Figures["prepare-p99-ms"]
-	r.target("Prepare p99, share claim (disk)", "< 5 ms", fmt.Sprintf("%.2f ms", p99), p99 < 5)
-	return nil
-}
-
 // admissionThroughput runs the controller's admission benchmarks.
 func admissionThroughput(_ context.Context, r *report) error {
 	n := r.iterations("3x", "1x")

@@ -61,11 +61,15 @@ func (r *report) iterations(full, short string) string {
 func (r *report) printf(format string, args ...any) { fmt.Fprintf(&r.body, format, args...) }
 
 func (r *report) target(what, goal, measured string, met bool) {
-	verdict := "met"
-	if !met {
-		verdict = "**missed**"
+	r.targets = append(r.targets, target{what: what, goal: goal, measured: measured, verdict: verdictOf(met)})
+}
+
+// verdictOf is the verdict of a target that was measured.
+func verdictOf(met bool) string {
+	if met {
+		return "met"
 	}
-	r.targets = append(r.targets, target{what: what, goal: goal, measured: measured, verdict: verdict})
+	return "**missed**"
 }
 
 func (r *report) unmeasured(what, goal, why string) {
