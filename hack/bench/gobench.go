@@ -22,6 +22,9 @@ type benchResult struct {
 type goBenchRun struct {
 	pkg, pattern, benchtime string
 	env                     []string
+	// dir is where go test runs (another revision's worktree); empty:
+	// here.
+	dir string
 }
 
 // command is the command line users run to reproduce the figures.
@@ -41,6 +44,7 @@ func (g goBenchRun) run() (map[string]benchResult, error) {
 	cmd := exec.Command("go", "test", "-run=^$", "-bench="+g.pattern, "-benchtime="+g.benchtime, g.pkg)
 	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
 	cmd.Env = append(cmd.Env, g.env...)
+	cmd.Dir = g.dir
 	fmt.Fprintf(os.Stderr, "bench: %s\n", g.command())
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -1,74 +1,46 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// prepareLatency runs the plugin's prepare benchmark twice, with the node's
-// directories on the disk and on tmpfs, so that the cost of fsync shows.
-func prepareLatency(_ context.Context, r *report) error {
-	n := r.iterations("2000x", "20x")
-	disk := goBenchRun{pkg: "./pkg/node/plugin/", pattern: "PrepareLatency", benchtime: n}
-	tmpfs := disk
-	tmpfs.env = []string{"TESSERA_BENCH_DIR=/dev/shm"}
-	r.printf("\n## Prepare and unprepare latency\n\n")
-	r.printf("`NodePrepareResources` and `NodeUnprepareResources` as the kubelet calls them: a gRPC client on the plugin's Unix socket, the real plugin (`plugin.Start`: kubelet plugin helper, preparer, checkpoint, CDI writer, health, status writer) over mock GPUs (`t4:3,a100-40gb`, MIG on the A100, 4 time slices on GPU 2) and a fake API server that holds the claims. Each iteration prepares one new claim and unprepares it; p50 and p99 are over all iterations (%s per kind), per call.\n\n", n)
-	r.printf("Commands:\n\n```sh\n%s\n%s   # every directory on tmpfs: the disk's fsync taken out\n```\n\n", disk.command(), tmpfs.command())
-	onDisk, err := disk.run()
-	if err != nil {
-		return err
-	}
-	onTmpfs, err := tmpfs.run()
-	if err != nil {
-		return err
-	}
-	kinds := []struct{ key, label string }{
-		{"share", "share (1 GiB of a T4, interposer mode, `cores` 25)"},
-		{"whole", "whole GPU"},
-		{"timeslice", "time slice, `timeSliceInterval: Short`"},
-		{"mig", "MIG `1g.5gb` (mock creation)"},
-	}
-	r.printf("| claim kind | prepare p50 | prepare p99 | unprepare p50 | unprepare p99 | tmpfs: prepare p50 / p99 | disk / tmpfs, prepare p50 |\n|---|---:|---:|---:|---:|---:|---:|\n")
-	for _, k := range kinds {
-		d, t := onDisk["PrepareLatency/"+k.key].Figures, onTmpfs["PrepareLatency/"+k.key].Figures
-		ratio := "-"
-		if t["prepare-p50-ms"] > 0 {
-			ratio = fmt.Sprintf("%.1fx", d["prepare-p50-ms"]/t["prepare-p50-ms"])
-		}
-		r.printf("| %s | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2f / %.2f ms | %s |\n", k.label,
-			d["prepare-p50-ms"], d["prepare-p99-ms"], d["unprepare-p50-ms"], d["unprepare-p99-ms"], t["prepare-p50-ms"], t["prepare-p99-ms"], ratio)
-	}
-	r.printf("\n")
-	r.printf("- A share costs one fsynced write (its PrepareCompleted checkpoint: temp file, fsync, rename, directory fsync); its CDI spec is renamed into place without fsync (see [enforcement.md](enforcement.md)). The disk's fsync is most of the difference between the disk and tmpfs columns, and most of the variance: while other jobs hammer the disk, the p99 rises several-fold while the p50 barely moves.\n")
-	r.printf("- A time slice or MIG claim costs two fsynced writes (PrepareStarted, PrepareCompleted) plus setting the interval (the mock records it in a file) or creating the instance.\n")
-	r.printf("- MIG: the mock creates instances instantly but persists its MIG state with an fsynced write per GPU and compute instance, which is the extra disk time in that row. Creating a MIG instance on real hardware takes on the order of a second and is not measured here; everything else on the MIG path is.\n")
-	r.printf("- The status write (`status.devices`) runs in the background and is not in these figures.\n")
-	p99 := onDisk["PrepareLatency/share"].Figures["prepare-p99-ms"]
-	r.target("Prepare p99, share claim (disk)", "< 5 ms", fmt.Sprintf("%.2f ms", p99), p99 < 5)
-	return nil
-}
-
-// admissionThroughput runs the controller's admission benchmarks.
+// admissionThroughput runs the controller's admission benchmarks, in
+// rounds interleaved with the same benchmarks of the baseline revision.
 func admissionThroughput(_ context.Context, r *report) error {
-	n := r.iterations("3x", "1x")
-	g := goBenchRun{pkg: "./pkg/control/decide/", pattern: "Admission|Gang512", benchtime: n}
+	n, rounds := r.iterations("2x", "1x"), 2
+	if r.short {
+		rounds = 1
+	}
+	g := goBenchRun{pkg: "./pkg/control/decide/", pattern: enginePattern, benchtime: n}
 	r.printf("\n## Admission\n\n")
 	r.printf("The controller's decision cycle in process (`pkg/control/decide`, no API server): queues, labelled pods, claims and templates, the shipped DeviceClasses, and ResourceSlices of simulated nodes published exactly as the kubelet plugin publishes them (one `dgxh100` node, 8 x H100 80GB, built by `nvmlmock` → `discover` → `devicemodel` → `publish`, copied under 1,000 node names). Each iteration is one full cycle from a fresh engine: build the queue tree and the device catalog, charge what runs, fair share, order, check limits and quota, simulate every workload's claims with the scheduler's allocator, decide.\n\n")
 	r.printf("- **Admission**: 1,000 queues (10 departments x 99 teams; each team quota 80Gi, limit 3200Gi), 1,000 nodes (8,000 GPUs), 10,000 pending pods: 7,000 single pods with memory shares of 10, 20 or 40Gi, 2,000 single pods with a whole GPU, 1,000 pods in 125 gangs of 8 (a whole GPU each): 9,125 workloads.\n")
 	r.printf("- **AdmissionFullCluster**: the same 10,000 pending pods when every GPU is taken: nothing fits, every workload is simulated and told why it waits (reclaim tries bounded by `--max-reclaims-per-cycle`, 16).\n")
 	r.printf("- **Gang512**: one gang of 512 pods (a whole GPU each) on the 1,000 nodes, the first 500 of them full.\n\n")
-	r.printf("Command: `%s`\n\n", g.command())
-	res, err := g.run()
+	base, why := r.openBaseline()
+	defer base.close()
+	switch {
+	case base != nil:
+		r.printf("Command, run %d times, each right after the same benchmarks of the baseline (below); the figures are the mean of the runs: `%s`\n\n", rounds, g.command())
+	case rounds > 1:
+		r.printf("Command, run %d times; the figures are the mean of the runs: `%s`\n\n", rounds, g.command())
+	default:
+		r.printf("Command: `%s`\n\n", g.command())
+	}
+	runs, err := runEngineRounds(g, base.bench(g), rounds, goBenchRun.run)
 	if err != nil {
 		return err
 	}
+	res := meanRounds(runs.cur)
 	a, full, gang := res["Admission"].Figures, res["AdmissionFullCluster"].Figures, res["Gang512"].Figures
-	sec := func(ns float64) string { return time.Duration(ns).Round(time.Millisecond).String() }
+	sec := cycleTime
 	r.printf("| benchmark | time per cycle | workloads decided per second | admitted | allocator calls |\n|---|---:|---:|---:|---:|\n")
 	r.printf("| Admission: 10,000 pending pods, 1,000 queues, 1,000 x 8-GPU nodes | %s | **%.0f** | %.0f | %.0f |\n", sec(a["ns/op"]), a["workloads/s"], a["admitted"], a["allocator-calls"])
 	r.printf("| AdmissionFullCluster: the same, every GPU taken | %s | %.0f | 0 | %.0f |\n", sec(full["ns/op"]), full["workloads/s"], full["allocator-calls"])
@@ -78,10 +50,53 @@ func admissionThroughput(_ context.Context, r *report) error {
 	r.printf("- For scale: KAI reports 4,000 single-GPU jobs on 500 simulated nodes in about 6.6 minutes and a 512-pod job placed in about 49 s; Kueue 15,000 workloads over 30 queues in about 351 s. Those are end to end with their schedulers; the figures here are the admission decision alone; [Scale end to end](#scale-end-to-end) has Tessera's whole path on 500 KWOK nodes.\n")
 	r.target("Admission throughput (10,000 pods, 1,000 queues, 1,000 nodes)", ">= 1,000 workloads/s", fmt.Sprintf("%.0f workloads/s", a["workloads/s"]), a["workloads/s"] >= 1000)
 	r.target("512-pod gang decision", "< 1 s", sec(gang["ns/op"]), gang["ns/op"] < 1e9)
+	r.engineAgainstBaseline(g, base, why, runs)
 	if err := migAdmission(r, sec); err != nil {
 		return err
 	}
 	return decideScale(r, sec)
+}
+
+// openBaseline checks out the baseline revision for the admission
+// section, or says why there is none: the short run skips it (make test
+// does not pay for building a second tree), and a baseline that cannot be
+// set up is reported, never the run's failure.
+func (r *report) openBaseline() (*baselineTree, string) {
+	switch {
+	case r.short:
+		return nil, "skipped in the short run (make test does not build a second tree)"
+	case r.baselineRev == "":
+		return nil, "skipped (--baseline-rev is empty)"
+	}
+	fmt.Fprintf(os.Stderr, "bench: baseline %s in a temporary git worktree\n", r.baselineRev)
+	b, err := openBaseline("", r.baselineRev)
+	if err != nil {
+		return nil, "the baseline could not be checked out: " + err.Error()
+	}
+	return b, ""
+}
+
+// engineAgainstBaseline writes what the engine changes since the baseline
+// cost, measured in this run, and its row of the targets table.
+func (r *report) engineAgainstBaseline(g goBenchRun, base *baselineTree, why string, runs engineRuns) {
+	what, goal := "Admission engine, this code vs "+cmp.Or(shortRev(r.baselineRev), "a baseline")+" (same run)", "reported (no target)"
+	if base == nil {
+		r.printf("\nThe engine against the baseline (`--baseline-rev`, default the code of 2026-11-25): %s.\n", why)
+		r.unmeasured(what, goal, firstLine(why))
+		return
+	}
+	what = "Admission engine, this code vs " + base.short + " (same run)"
+	r.printf("\n### This code vs %s, same run\n\n", base.label())
+	r.printf("The same three benchmarks at %s, from a temporary `git worktree` of that revision (its engine was in `%s`), in the order baseline, this code, baseline, this code, so that both share the machine's noise: `--baseline-rev` (default %s, the last commit of 2026-11-25, before the engine changes of 2026-11-27 to 29). *Speed* is the baseline's time per cycle ÷ this code's: below 1.00x this code is slower.\n\n", base.label(), base.pkg, shortRev(defaultBaselineRev))
+	r.printf("Command: `%s`\n\n", base.command(g))
+	if runs.baseErr != nil {
+		r.printf("Not measured: the baseline's benchmarks failed in this run (this code's figures above stand):\n\n```\n%v\n```\n", runs.baseErr)
+		r.unmeasured(what, goal, "the baseline failed: "+firstLine(runs.baseErr.Error()))
+		return
+	}
+	r.printf("%s\n", engineComparison(base.label(), runs))
+	r.printf("- No target: the changes since then are features that add work to a cycle (DeviceTaintRules applied to the slices, charges that follow claims, a workload whose claims fail made inadmissible with a fault instead of failing the cycle, reclaim that waits for ended pods' claims) as well as changes to its speed, and no bound was set on what they may cost. The row in the targets table states the ratio measured in this run; a few iterations per benchmark on a shared machine are noisy, and the *each round* column shows how much.\n")
+	r.targets = append(r.targets, engineTarget(what, runs))
 }
 
 // decideScale shows how a decision cycle's cost grows with the cluster:

@@ -6,6 +6,8 @@
 //	go run ./hack/bench                    # full run (< 15 min on 2 cores)
 //	go run ./hack/bench --short            # small trace, few iterations (make test)
 //	go run ./hack/bench --pod-start=off    # skip the local-cluster measurement
+//	go run ./hack/bench --baseline-rev=REV # the engine's cost against REV (default: the code of
+//	                                       # 2026-11-25), in the same run; empty: skip it
 //	go run ./hack/bench --scale            # only the KWOK scale run (make bench-scale, < 30 min):
 //	                                       # rewrites its own section of the report, keeps the rest
 //	go run ./hack/bench --tuning           # only the settings against the defaults on KWOK nodes
@@ -43,6 +45,9 @@ type target struct {
 // report is the document being written.
 type report struct {
 	short bool
+	// baselineRev is the revision whose decision engine the admission
+	// section measures next to this code's; empty: none.
+	baselineRev string
 	// dir is where the document goes; plots go to dir/img.
 	dir     string
 	body    bytes.Buffer
@@ -61,11 +66,15 @@ func (r *report) iterations(full, short string) string {
 func (r *report) printf(format string, args ...any) { fmt.Fprintf(&r.body, format, args...) }
 
 func (r *report) target(what, goal, measured string, met bool) {
-	verdict := "met"
-	if !met {
-		verdict = "**missed**"
+	r.targets = append(r.targets, target{what: what, goal: goal, measured: measured, verdict: verdictOf(met)})
+}
+
+// verdictOf is the verdict of a target that was measured.
+func verdictOf(met bool) string {
+	if met {
+		return "met"
 	}
-	r.targets = append(r.targets, target{what: what, goal: goal, measured: measured, verdict: verdict})
+	return "**missed**"
 }
 
 func (r *report) unmeasured(what, goal, why string) {
@@ -79,12 +88,13 @@ func main() {
 	scaleOnly := flag.Bool("scale", false, "run only the end-to-end scale benchmark on KWOK nodes and rewrite its section of --out")
 	scaleSize := flag.String("scale-size", "full", "size of the --scale or --tuning run: full (500 nodes, 4,000 pods; --tuning 1,000) or small (the smoke variant)")
 	tuningOnly := flag.Bool("tuning", false, "run only the tuning benchmark on KWOK nodes (kube-scheduler's and Tessera's settings against the defaults) and rewrite its section of --out (default docs/tuning.md)")
+	baselineRev := flag.String("baseline-rev", defaultBaselineRev, "revision whose decision engine the admission section benchmarks in the same run, from a temporary git worktree (empty: none; the short run skips it)")
 	flag.Parse()
 	// The scale harness uses a controller-runtime client.
 	ctrllog.SetLogger(klog.Background())
 	ctx := context.Background()
 	start := time.Now()
-	r := &report{short: *short, dir: filepath.Dir(*out)}
+	r := &report{short: *short, dir: filepath.Dir(*out), baselineRev: *baselineRev}
 	if *tuningOnly {
 		path := *out
 		if !flagSet("out") {
