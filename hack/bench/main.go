@@ -136,6 +136,7 @@ func main() {
 		{"prepare", prepareLatency},
 		{"admission", admissionThroughput},
 		{"publication", publication},
+		{"controller memory", controllerMemory},
 		{"usage sampling", usageSampling},
 		{"pod start", func(ctx context.Context, r *report) error { return podStartLatency(ctx, r, *podStart) }},
 	}
