@@ -136,8 +136,7 @@ func (in *Interner) rotate(t time.Time) {
 	in.bools.rotate()
 }
 
-// Len is the number of shared parts the interner remembers (for tests
-// and metrics).
+// Len is the number of shared parts the interner remembers.
 func (in *Interner) Len() int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
