@@ -7,7 +7,7 @@ import (
 	"github.com/tessera-dev/tessera/test/scale"
 )
 
-// Targets of the control plane's cost (issue 37): what queues add per pod
+// Targets of the control plane's cost: what queues add per pod
 // to the API server, and what the controller holds per published device.
 const (
 	maxExtraWritesPerPod = 1.0  // API writes per admitted pod beyond (a')

@@ -12,7 +12,10 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/pkg/gpu/nvmlmock"
@@ -312,4 +315,50 @@ func (c *Cluster) ChartRevision(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("helm status: %w", err)
 	}
 	return s.Version, nil
+}
+
+// RestartController replaces the chart's controller pods with fresh ones
+// (a new process, nothing carried over from what it did before) and waits
+// until the new ones are ready and the webhook configurations carry the
+// controller's CA. Chart mode only.
+func (c *Cluster) RestartController(ctx context.Context) error {
+	if !c.ChartMode() {
+		return fmt.Errorf("restarting the controller: only the chart's controller is restarted here")
+	}
+	old, err := c.driverPods(ctx, "controller")
+	if err != nil {
+		return err
+	}
+	gone := map[types.UID]bool{}
+	for _, p := range old {
+		gone[p.UID] = true
+		if err := c.Client.CoreV1().Pods(ChartNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting controller pod %s: %w", p.Name, err)
+		}
+	}
+	c.logf("restarting the controller: deleted %d pod(s)", len(old))
+	if err := c.waitFor(ctx, "a new controller pod ready", 2*time.Minute, chartAlive, func() (bool, error) {
+		pods, err := c.driverPods(ctx, "controller")
+		if err != nil || len(pods) == 0 {
+			return false, nil
+		}
+		for i := range pods {
+			if gone[pods[i].UID] || !podReady(&pods[i]) {
+				return false, nil
+			}
+		}
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	return c.waitController(ctx)
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

@@ -89,6 +89,13 @@ func runPeer(ctx context.Context, h *harness, cl *localcluster.Cluster, rep *Rep
 		return fmt.Errorf("starting kueue: %w", err)
 	}
 	defer func() { err = errors.Join(err, k.Stop(ctx)) }()
+	// Each admitter is measured as a fresh process: Kueue was just
+	// started, and Tessera's controller would otherwise carry the memory
+	// of the workloads before (the dynamic-MIG one's above all).
+	if err := cl.RestartController(ctx); err != nil {
+		rep.Failed = fmt.Sprintf("restarting Tessera's controller before the peer run: %v", err)
+		return err
+	}
 	for _, w := range peerWorkloads(h.cfg) {
 		run, err := h.measure(ctx, w)
 		if err != nil {
