@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -93,4 +94,14 @@ func EventuallyTrue(t testing.TB, timeout time.Duration, what string, cond func(
 		}
 		return errors.New("not yet")
 	})
+}
+
+// LiveHeap is the heap in use after two collections: what is reachable,
+// for tests and benchmarks that measure what a structure keeps.
+func LiveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	. "github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // benchCluster publishes n 8 x H100 nodes: one node is published by the
@@ -308,24 +309,15 @@ func BenchmarkEngineRetained(b *testing.B) {
 	}
 	var per float64
 	for b.Loop() {
-		before := heapAlloc()
+		before := testutil.LiveHeap()
 		e := decide.NewEngine(decide.DefaultConfig())
 		if _, err := e.Decide(context.Background(), snap); err != nil {
 			b.Fatal(err)
 		}
-		after := heapAlloc()
+		after := testutil.LiveHeap()
 		runtime.KeepAlive(e)
 		per = (float64(after) - float64(before)) / float64(devices)
 	}
 	b.ReportMetric(per, "B/device")
 	b.ReportMetric(float64(devices), "devices")
-}
-
-// heapAlloc is the live heap after two collections.
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }

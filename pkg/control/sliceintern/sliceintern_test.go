@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
+	"github.com/tessera-dev/tessera/test/testutil"
 )
 
 // published returns what an informer decodes for n nodes' slices: every
@@ -138,14 +139,6 @@ func TestForgetsAfterTwoPeriods(t *testing.T) {
 	}
 }
 
-func heapInUse() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
-
 // retainedPerDevice is the heap the slices of nodes hold per device once
 // decoded (and transformed by in, when not nil).
 func retainedPerDevice(t testing.TB, nodes int, o decidetest.NodeOptions, in *sliceintern.Interner) float64 {
@@ -157,7 +150,7 @@ func retainedPerDevice(t testing.TB, nodes int, o decidetest.NodeOptions, in *sl
 		}
 		raw = append(raw, b)
 	}
-	before := heapInUse()
+	before := testutil.LiveHeap()
 	slices := make([]*resourceapi.ResourceSlice, 0, len(raw))
 	devices := 0
 	for _, b := range raw {
@@ -173,7 +166,7 @@ func retainedPerDevice(t testing.TB, nodes int, o decidetest.NodeOptions, in *sl
 		devices += len(s.Spec.Devices)
 		slices = append(slices, s)
 	}
-	after := heapInUse()
+	after := testutil.LiveHeap()
 	runtime.KeepAlive(slices)
 	return float64(after-before) / float64(devices)
 }
