@@ -16,9 +16,12 @@
 // controller's taint rules do), and a deep copy gets maps of its own.
 //
 // The interner's tables remember a shared part for at least one period
-// (Interner.Period) after a slice last brought it and forget it after two:
-// a part that a republished or deleted slice no longer uses is then
-// reachable from nothing and freed. A part still in use by a slice that
+// after a slice last brought it: when a slice arrives and a period has
+// passed since the last rotation, what no slice brought during the period
+// before is forgotten. A part that a republished or deleted slice no
+// longer uses is then reachable from nothing and freed (with no slice
+// arriving at all, the tables keep what they hold: a few parts per GPU
+// model and placement, not per device). A part still in use by a slice that
 // was stored long ago stays shared by that slice; a slice that brings it
 // again later gets the copy that slice brought, shared from then on.
 package sliceintern
