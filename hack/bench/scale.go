@@ -362,24 +362,28 @@ func writeCPUBudget(p func(string, ...any), rep *scale.Report, cores int) {
 	if a == nil || a2 == nil || len(a.Usage) == 0 || len(a2.Usage) == 0 {
 		return
 	}
-	total := func(r *scale.Result) time.Duration {
-		var t time.Duration
-		for _, u := range r.Usage {
-			t += u.CPU
-		}
-		return t
-	}
-	perPod := func(d time.Duration, r *scale.Result) float64 { return d.Seconds() * 1000 / float64(r.Pods) }
-	allA, allA2 := perPod(total(a), a), perPod(total(a2), a2)
+	allA, allA2 := msPerPod(totalCPU(a), a), msPerPod(totalCPU(a2), a2)
 	p("\n**What bounds (a) against (a').** Every component runs on this machine's %d cores; while they are all busy, a workload takes about its CPU time divided by the cores, whatever Tessera saves one component. CPU time of the components (the harness not counted) from the first create call until the last pod was bound:\n\n", cores)
 	p("| workload | CPU s, all components | per pod | cores busy on average | kube-apiserver per pod | kube-scheduler per pod |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range []*scale.Result{a2, a} {
-		t := total(r)
-		p("| %s | %.1f | %.1f ms | %.2f of %d | %.1f ms | %.1f ms |\n", r.Title, t.Seconds(), perPod(t, r), t.Seconds()/r.AllBound.Seconds(), cores,
-			perPod(r.Usage["kube-apiserver"].CPU, r), perPod(r.Usage["kube-scheduler"].CPU, r))
+		t := totalCPU(r)
+		p("| %s | %.1f | %.1f ms | %.2f of %d | %.1f ms | %.1f ms |\n", r.Title, t.Seconds(), msPerPod(t, r), t.Seconds()/r.AllBound.Seconds(), cores,
+			msPerPod(r.Usage["kube-apiserver"].CPU, r), msPerPod(r.Usage["kube-scheduler"].CPU, r))
 	}
 	budget := 0.6 * allA2
-	api := perPod(a.Usage["kube-apiserver"].CPU, a)
+	api := msPerPod(a.Usage["kube-apiserver"].CPU, a)
 	p("\nCPU per pod, (a) ÷ (a'): **%.2fx** (time: %.2fx). For (a) to take 0.6x the time of (a') on a machine this busy, (a) may use %.1f ms of CPU per pod in all; the API server alone used %.1f ms per pod in (a), which leaves %.1f ms for everything else (it used %.1f ms).\n",
 		allA/allA2, a.AllBound.Seconds()/a2.AllBound.Seconds(), budget, api, budget-api, allA-api)
 }
+
+// totalCPU is the CPU time of every component a workload measured.
+func totalCPU(r *scale.Result) time.Duration {
+	var t time.Duration
+	for _, u := range r.Usage {
+		t += u.CPU
+	}
+	return t
+}
+
+// msPerPod is d in milliseconds per pod of r.
+func msPerPod(d time.Duration, r *scale.Result) float64 { return d.Seconds() * 1000 / float64(r.Pods) }

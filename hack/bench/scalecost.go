@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/tessera-dev/tessera/test/scale"
 )
@@ -54,18 +53,10 @@ func costTargets(rep *scale.Report) []string {
 // without the controller's and without what the API server used beyond
 // (a'), over (a')'s. 0 when a figure is missing.
 func zeroCostBound(a, a2 *scale.Result) float64 {
-	total := func(r *scale.Result) time.Duration {
-		var t time.Duration
-		for _, u := range r.Usage {
-			t += u.CPU
-		}
-		return t
-	}
-	if a == nil || a2 == nil || a.Pods == 0 || a2.Pods == 0 || total(a2) == 0 {
+	if a == nil || a2 == nil || a.Pods == 0 || a2.Pods == 0 || totalCPU(a2) == 0 {
 		return 0
 	}
-	perPod := func(d time.Duration, r *scale.Result) float64 { return d.Seconds() / float64(r.Pods) }
-	apiExtra := max(0, perPod(a.Usage["kube-apiserver"].CPU, a)-perPod(a2.Usage["kube-apiserver"].CPU, a2))
-	without := perPod(total(a), a) - perPod(a.Usage["controller"].CPU, a) - apiExtra
-	return without / perPod(total(a2), a2)
+	apiExtra := max(0, msPerPod(a.Usage["kube-apiserver"].CPU, a)-msPerPod(a2.Usage["kube-apiserver"].CPU, a2))
+	without := msPerPod(totalCPU(a), a) - msPerPod(a.Usage["controller"].CPU, a) - apiExtra
+	return without / msPerPod(totalCPU(a2), a2)
 }
