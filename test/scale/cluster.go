@@ -62,18 +62,19 @@ func nodeName(i int) string { return fmt.Sprintf("kwok-node-%04d", i) }
 // setUp creates the fake nodes, publishes every node's ResourceSlices as
 // the kubelet plugin would for cfg.Profile (the plugin's own discover →
 // model → publish path over a mock node seeded with the node's name) and
-// creates the queues. It returns the number of GPUs per node.
-func setUp(ctx context.Context, cs kubernetes.Interface, cl client.Client, cfg Config, logf localcluster.Logf) (int, error) {
+// creates the queues. It returns the number of GPUs and of devices per
+// node.
+func setUp(ctx context.Context, cs kubernetes.Interface, cl client.Client, cfg Config, logf localcluster.Logf) (gpus, devices int, err error) {
 	opts, err := pluginOptions(cfg.Profile, false)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	probe, err := plugin.NodeSlices(ctx, opts, nodeName(0))
 	if err != nil {
-		return 0, fmt.Errorf("the plugin's model of %q: %w", cfg.Profile, err)
+		return 0, 0, fmt.Errorf("the plugin's model of %q: %w", cfg.Profile, err)
 	}
-	gpus := 0
 	for _, s := range probe {
+		devices += len(s.Spec.Devices)
 		for _, d := range s.Spec.Devices {
 			if a, ok := d.Attributes["type"]; ok && a.StringValue != nil && *a.StringValue == "gpu" {
 				gpus++
@@ -81,7 +82,7 @@ func setUp(ctx context.Context, cs kubernetes.Interface, cl client.Client, cfg C
 		}
 	}
 	if err := cfg.Validate(gpus); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	start := time.Now()
 	var created atomic.Int64
@@ -103,13 +104,13 @@ func setUp(ctx context.Context, cs kubernetes.Interface, cl client.Client, cfg C
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	logf("created %d fake nodes of %s (%d GPUs each) and %d ResourceSlices in %s", cfg.Nodes, cfg.Profile, gpus, created.Load(), time.Since(start).Round(100*time.Millisecond))
 	if err := waitNodesReady(ctx, cs, cfg.Nodes, logf); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return gpus, createQueues(ctx, cl, cfg)
+	return gpus, devices, createQueues(ctx, cl, cfg)
 }
 
 // waitNodesReady waits until the kwok controller has made every fake node

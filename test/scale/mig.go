@@ -89,9 +89,9 @@ func migSetup(ctx context.Context, h *harness, ns string) (func(context.Context)
 	return func(ctx context.Context) error { return republish(ctx, h.cs, h.cfg, false, h.logf) }, nil
 }
 
-// DevicesPerNode is how many devices the plugin publishes for a node of
+// devicesPerNode is how many devices the plugin publishes for a node of
 // profile, with its GPUs in dynamic MIG mode or not.
-func DevicesPerNode(ctx context.Context, profile string, mig bool) (int, error) {
+func devicesPerNode(ctx context.Context, profile string, mig bool) (int, error) {
 	opts, err := pluginOptions(profile, mig)
 	if err != nil {
 		return 0, err

@@ -122,15 +122,12 @@ func onCluster(ctx context.Context, cfg Config, logf localcluster.Logf, body fun
 		return nil, err
 	}
 	setupStart := time.Now()
-	if rep.GPUsPerNode, err = setUp(ctx, cs, crc, cfg, logf); err != nil {
+	if rep.GPUsPerNode, rep.DevicesPerNode, err = setUp(ctx, cs, crc, cfg, logf); err != nil {
 		return nil, err
 	}
 	rep.Setup = time.Since(setupStart)
-	if rep.DevicesPerNode, err = DevicesPerNode(ctx, cfg.Profile, false); err != nil {
-		return nil, err
-	}
 	if cfg.MIGPods > 0 {
-		if rep.MIGDevicesPerNode, err = DevicesPerNode(ctx, cfg.Profile, true); err != nil {
+		if rep.MIGDevicesPerNode, err = devicesPerNode(ctx, cfg.Profile, true); err != nil {
 			return nil, err
 		}
 	}
