@@ -426,9 +426,10 @@ func (h *harness) createNamespace(ctx context.Context, ns string, labels map[str
 // namespace, and waits until it is gone: its claims are deallocated then.
 func (h *harness) deleteNamespace(ctx context.Context, ns string) error {
 	zero := int64(0)
-	// One call for all pods; with thousands it can outlast the request
-	// timeout while the API server goes on deleting, and the namespace's
-	// deletion below deletes whatever it left.
+	// One call for all pods (the API server deletes them with the workers
+	// ClusterOptions gives it); should it outlast the request timeout, the
+	// API server goes on deleting, and the namespace's deletion below
+	// deletes whatever it left.
 	err := h.cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		h.logf("deleting the pods of %s: %v (the namespace's deletion goes on)", ns, err)
