@@ -89,17 +89,17 @@ func scaleSection(ctx context.Context, cfg scale.Config, dir string, short bool)
 		if b := zeroCostBound(a, a2); b > 0 {
 			bound = fmt.Sprintf(" (with Tessera's own CPU at zero this machine would give %.2fx: the components' CPU bounds it, below)", b)
 		}
-		p("| (a) at most 0.6x (a'): queued pods, pinned by node name, bind faster than the same pods without queues | %.2fx%s | %s |\n", r, bound, verdict(r <= 0.6))
+		p("| (a) at most 0.6x (a'): queued pods, pinned by node name, bind faster than the same pods without queues | %.2fx%s | %s |\n", r, bound, verdictOf(r <= 0.6))
 	}
 	for _, row := range costTargets(rep) {
 		p("%s\n", row)
 	}
 	if a := rep.Find("shares"); a != nil {
 		peak := a.Usage["controller"].PeakRSS
-		p("| Tessera's controller under 500 MiB resident during (a) (%d nodes, %d pods) | %s | %s |\n", cfg.Nodes, cfg.Pods, mib(peak), verdict(peak > 0 && peak < 500<<20))
+		p("| Tessera's controller under 500 MiB resident during (a) (%d nodes, %d pods) | %s | %s |\n", cfg.Nodes, cfg.Pods, mib(peak), verdictOf(peak > 0 && peak < 500<<20))
 	}
 	if a2 := rep.Find("claims"); a2 != nil {
-		p("| no decision cycle in (a'), where no pod is gated | %.0f cycles (%.0f queue status refreshes) | %s |\n", a2.Cycle["decide"].Count, a2.StatusRefresh.Count, verdict(a2.Cycle["decide"].Count == 0))
+		p("| no decision cycle in (a'), where no pod is gated | %.0f cycles (%.0f queue status refreshes) | %s |\n", a2.Cycle["decide"].Count, a2.StatusRefresh.Count, verdictOf(a2.Cycle["decide"].Count == 0))
 	}
 
 	writeCPUBudget(p, rep, runtime.NumCPU())
@@ -295,13 +295,6 @@ func shortFunc(name string) string {
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
-
-func verdict(met bool) string {
-	if met {
-		return "met"
-	}
-	return "**missed**"
-}
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
 

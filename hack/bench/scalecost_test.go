@@ -26,6 +26,12 @@ func TestCostTargets(t *testing.T) {
 			"| API writes per admitted pod in (a) beyond (a'), all clients: at most 1.0 | +0.90 (11.90 vs 11.00 per pod) | met |",
 			"| API server CPU per pod, (a) ÷ (a'): at most 1.05x | 1.05x (42.00 ms vs 40.00 ms) | met |",
 		}},
+		{"the run's time, Kueue's start apart", scale.Report{Total: 33 * time.Minute, PeerStart: 12 * time.Minute}, []string{
+			"| 21m0s (+ 12m0s starting Kueue) | met |",
+		}},
+		{"a run over its time", scale.Report{Total: 31 * time.Minute, PeerStart: 3 * time.Second}, []string{
+			"| 30m57s (+ 3s starting Kueue) | **missed** |",
+		}},
 		{"memory per device and against the scheduler", scale.Report{Config: scale.Config{Nodes: 100}, DevicesPerNode: 8, MIGDevicesPerNode: 208,
 			Runs: []*scale.Result{base, mig}}, []string{
 			// 400 MiB more over 20,000 more devices: 20,972 B each.

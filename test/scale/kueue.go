@@ -84,7 +84,9 @@ func peerWorkloads(cfg Config) []workload {
 // runPeer starts Kueue, measures the peer workloads and the share
 // scenario, and stops Kueue (whatever happened).
 func runPeer(ctx context.Context, h *harness, cl *localcluster.Cluster, rep *Report) (err error) {
+	started := time.Now()
 	k, err := cl.StartKueue(ctx, KueueOptions())
+	rep.PeerStart = time.Since(started)
 	if err != nil {
 		return fmt.Errorf("starting kueue: %w", err)
 	}

@@ -29,6 +29,10 @@ type Report struct {
 	// ClusterUp is the bring-up (chart, kwok), Setup the fake nodes,
 	// their slices and the queues.
 	ClusterUp, Setup time.Duration
+	// Total is the whole run, from the bring-up to the end of the last
+	// workload (teardown not counted); PeerStart the part of it spent
+	// starting Kueue, its one-time build included when it was not cached.
+	Total, PeerStart time.Duration
 	Runs             []*Result
 	// ProfileDir holds the merged CPU profiles (NAME-WORKLOAD.pb.gz).
 	ProfileDir string
@@ -138,7 +142,9 @@ func onCluster(ctx context.Context, cfg Config, logf localcluster.Logf, body fun
 		}
 	}
 	rep.ProfileDir = h.profileDir
-	if err := body(ctx, h, cl, rep); err != nil {
+	err = body(ctx, h, cl, rep)
+	rep.Total = time.Since(start)
+	if err != nil {
 		return rep, fmt.Errorf("%w\n%s", err, cl.LogTails(30))
 	}
 	return rep, nil
