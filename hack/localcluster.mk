@@ -5,6 +5,9 @@
 LOCALCLUSTER     ?= go run ./hack/localcluster
 TESSERA_PROFILE  ?= t4:2
 E2E_TIMEOUT      ?= 40m
+# E2E_PARALLEL: how many tests of the parallel group (inParallel in
+# test/e2e/helpers_test.go) run at once; go test's default is GOMAXPROCS (2 here)
+E2E_PARALLEL     ?= 4
 
 .PHONY: cluster-build cluster-up cluster-down cluster-status e2e
 
@@ -26,4 +29,4 @@ cluster-status:
 
 ## e2e: end-to-end tests; they bring their own cluster up and down
 e2e:
-	set -o pipefail; TESSERA_PROFILE=$(TESSERA_PROFILE) go test -json -tags e2e -count=1 ./test/e2e/... -timeout $(E2E_TIMEOUT) | go run ./hack/noskip --stream --allow .ci/allowed-skips
+	set -o pipefail; TESSERA_PROFILE=$(TESSERA_PROFILE) go test -json -tags e2e -count=1 -parallel $(E2E_PARALLEL) ./test/e2e/... -timeout $(E2E_TIMEOUT) | go run ./hack/noskip --stream --allow .ci/allowed-skips

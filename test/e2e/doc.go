@@ -61,4 +61,14 @@
 // (or requirePlugin(t) when any will do), take a fresh namespace with
 // newNamespace(t), build pods with busyboxPod / claimPod (the only image
 // there is; never pull), and use the clientset `cluster.Client`.
+//
+// One cluster, one node, one plugin configuration at a time: the tests run
+// one after another, except the parallel group. A test that calls
+// inParallel(t) instead of usePlugin and startController runs after all
+// the others, at the same time as the rest of the group (`make e2e` passes
+// -parallel 4), on the default configuration. It may join only when it
+// changes nothing shared and asks no more than its share of the default
+// profile's two T4s: inParallel's comment lists the conditions and the
+// group's sum. The group's tests are those that spend most of their time
+// waiting (an idle window, a pod's run, admission cycles).
 package e2e

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,10 +63,14 @@ func newNamespace(t *testing.T) string {
 			return len(pods.Items), nil
 		})
 		// The claims the pods' templates made go with the pods, but
-		// asynchronously. Wait for them, so that the next test starts with
-		// every device free: a claim still allocated takes capacity that
-		// test counts on (the scheduler retries once the claim is gone,
-		// after a backoff that eats into the test's timeouts).
+		// asynchronously; a claim the test created itself stays until it
+		// is deleted (waiting for it to go by itself spent this cleanup's
+		// whole 90 s). Delete them all and wait until they are gone, so
+		// that the next test starts with every device free: a claim still
+		// allocated takes capacity that test counts on (the scheduler
+		// retries once the claim is gone, after a backoff that eats into
+		// the test's timeouts).
+		_ = cluster.Client.ResourceV1().ResourceClaims(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		untilNone(func() (int, error) {
 			claims, err := cluster.Client.ResourceV1().ResourceClaims(ns.Name).List(ctx, metav1.ListOptions{})
 			if err != nil {
@@ -210,9 +215,37 @@ func requireChart(t *testing.T, why string) {
 // startController starts Tessera's controller (or makes sure it runs).
 func startController(t *testing.T) {
 	t.Helper()
+	setupMu.Lock()
+	defer setupMu.Unlock()
 	if err := cluster.StartController(t.Context()); err != nil {
 		t.Fatalf("starting the controller: %v", err)
 	}
+}
+
+// setupMu serializes the calls that change the cluster's shared set-up
+// (the kubelet plugin's configuration, the controller): the tests of the
+// parallel group reach them together.
+var setupMu sync.Mutex
+
+// inParallel runs the rest of t beside the other tests of the parallel
+// group, on the default plugin configuration with the controller running.
+// go test starts a top-level test that calls t.Parallel only after every
+// other top-level test has ended, so the group runs last and alone, and
+// `make e2e` lets all of it run at once (-parallel).
+//
+// Most tests here wait on the cluster (an idle window, a pod's run, an
+// admission cycle), so the group saves their waits. A test joins it only
+// when it changes nothing shared (no plugin configuration of its own, no
+// chart values, no controller flags), uses queues and namespaces of its
+// own, asserts nothing about free capacity or placement, and asks small
+// shares: the group's shares together (TestIdleReclaim 2 x 4Gi,
+// TestUsageReport 4Gi + 2Gi, TestHostileAdmission at most 2Gi) fit the
+// default profile's two T4s however they are packed.
+func inParallel(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	usePlugin(t, defaultPlugin)
+	startController(t)
 }
 
 // requirePlugin skips a test that needs the Tessera kubelet plugin when the

@@ -25,9 +25,8 @@ import (
 // refused, or no effect on any queue's charge and no delay to another
 // tenant's pod.
 func TestHostileAdmission(t *testing.T) {
-	usePlugin(t, defaultPlugin)
+	inParallel(t)
 	ctx := t.Context()
-	startController(t)
 	admin := cluster.Client
 	ns, other := newNamespace(t), newNamespace(t)
 	label := func(n string, kv map[string]string) {

@@ -26,9 +26,8 @@ import (
 // through the Eviction API. The busy pod is never marked and keeps
 // running throughout.
 func TestIdleReclaim(t *testing.T) {
-	usePlugin(t, defaultPlugin)
+	inParallel(t)
 	ctx := t.Context()
-	startController(t)
 	queue := "idle-e2e"
 	f := filepath.Join(t.TempDir(), "queue.yaml")
 	writeQueue := func(action v1alpha1.IdleAction) {

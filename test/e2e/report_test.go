@@ -120,9 +120,8 @@ func claimHeld(t *testing.T, ns, name string) held {
 // covers both on this cluster; the test logs the real error).
 func TestUsageReport(t *testing.T) {
 	requireChart(t, "the history interval is set by the chart's local-cluster values")
-	usePlugin(t, defaultPlugin)
+	inParallel(t)
 	ctx := t.Context()
-	startController(t)
 	const queue = "report-e2e"
 	applyQueues(t, "metadata: {name: "+queue+"}\nspec: {}\n")
 

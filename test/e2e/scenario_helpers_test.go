@@ -36,6 +36,8 @@ func usePlugin(t *testing.T, cfg localcluster.PluginConfig) {
 	if cluster.Opts.Plugin == localcluster.PluginOff {
 		t.Skip("the cluster runs without the Tessera kubelet plugin (TESSERA_PLUGIN=off)")
 	}
+	setupMu.Lock()
+	defer setupMu.Unlock()
 	if cluster.PluginRunning() && cluster.Plugin().Equal(cfg) {
 		return
 	}

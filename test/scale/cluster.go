@@ -56,10 +56,14 @@ func ClusterOptions(logf localcluster.Logf) localcluster.Options {
 			"kube-scheduler":          unlimited,
 			"kube-controller-manager": append([]string{"--concurrent-resourceclaim-syncs=50"}, unlimited...),
 		},
-		// The chart's local-cluster values log at 4 for the e2e tests;
-		// production verbosity here, or the logs are what is measured.
-		ChartValues: map[string]any{"controller": map[string]any{"logVerbosity": 2}},
-		Logf:        logf,
+		// The chart's local-cluster values log at 4 and probe the plugin
+		// every 2 s for the e2e tests; production verbosity and probe
+		// period here, or the logs and probes are part of what is measured.
+		ChartValues: map[string]any{
+			"controller":    map[string]any{"logVerbosity": 2},
+			"kubeletPlugin": map[string]any{"healthcheck": map[string]any{"periodSeconds": 10, "failureThreshold": 3, "startupFailureThreshold": 30}},
+		},
+		Logf: logf,
 	}
 }
 
