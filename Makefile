@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale bench-tuning bench-upstream clean help
+.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale bench-scale-large bench-tuning bench-upstream clean help
 
 all: build
 
@@ -108,6 +108,10 @@ bench-smoke:
 ## bench-scale: end to end at scale (needs root, < 30 min): 500 KWOK nodes, 4,000 share pods in 10 queues vs the same without, gangs of 64 and 512 vs the same pods ungated; rewrites its section of docs/benchmarks.md (make bench keeps it)
 bench-scale:
 	$(GO) run ./hack/bench --scale
+
+## bench-scale-large: the scale run beyond 500 nodes (needs root): 2,000 KWOK nodes, 4,000 share pods in (a) and (a') and the same pods without claims (b); no gangs, MIG or peer; rewrites its own section of docs/benchmarks.md
+bench-scale-large:
+	$(GO) run ./hack/bench --scale --scale-size large
 
 ## bench-tuning: settings against the defaults at scale (needs root, < 30 min): 500 KWOK nodes, 1,000 share pods with and without queues per setting (kube-scheduler percentageOfNodesToScore, client QPS, SchedulerPreQueueingHints; Tessera's apply workers, client QPS, cycle interval); rewrites its section of docs/tuning.md
 bench-tuning:

@@ -10,10 +10,13 @@
 //	                                       # 2026-11-25), in the same run; empty: skip it
 //	go run ./hack/bench --scale            # only the KWOK scale run (make bench-scale, < 30 min):
 //	                                       # rewrites its own section of the report, keeps the rest
+//	go run ./hack/bench --scale --scale-size large
+//	                                       # 2,000 KWOK nodes, (b), (a') and (a) only (make
+//	                                       # bench-scale-large): a section of its own
 //	go run ./hack/bench --tuning           # only the settings against the defaults on KWOK nodes
 //	                                       # (make bench-tuning, < 30 min): its section of docs/tuning.md
 //
-// make bench keeps the scale section of the report it rewrites; the short
+// make bench keeps the scale sections of the report it rewrites; the short
 // run ends with the scale run's small variant (scale.Small).
 package main
 
@@ -86,7 +89,7 @@ func main() {
 	out := flag.String("out", "docs/benchmarks.md", "report to write (plots go to img/ next to it)")
 	podStart := flag.String("pod-start", "auto", "pod start latency on the local cluster: on, off, or auto (on when root and the cluster binaries are built)")
 	scaleOnly := flag.Bool("scale", false, "run only the end-to-end scale benchmark on KWOK nodes and rewrite its section of --out")
-	scaleSize := flag.String("scale-size", "full", "size of the --scale or --tuning run: full (500 nodes, 4,000 pods; --tuning 1,000) or small (the smoke variant)")
+	scaleSize := flag.String("scale-size", "full", "size of the --scale or --tuning run: full (500 nodes, 4,000 pods; --tuning 1,000), small (the smoke variant) or large (--scale only: 2,000 nodes, (b), (a') and (a); its own section)")
 	tuningOnly := flag.Bool("tuning", false, "run only the tuning benchmark on KWOK nodes (kube-scheduler's and Tessera's settings against the defaults) and rewrite its section of --out (default docs/tuning.md)")
 	baselineRev := flag.String("baseline-rev", defaultBaselineRev, "revision whose decision engine the admission section benchmarks in the same run, from a temporary git worktree (empty: none; the short run skips it)")
 	flag.Parse()
@@ -106,19 +109,18 @@ func main() {
 		return
 	}
 	if *scaleOnly {
-		cfg := scale.Default()
-		if *scaleSize == "small" {
+		cfg, doc := scale.Default(), scaleFull
+		switch *scaleSize {
+		case "small":
 			cfg = scale.Small()
+		case "large":
+			cfg, doc = scale.Large(), scaleLarge
 		}
-		section, runErr := scaleSection(ctx, cfg, r.dir, false)
+		section, runErr := scaleSection(ctx, cfg, doc, r.dir, false)
 		if section == "" {
 			fail(runErr)
 		}
-		doc, err := os.ReadFile(*out)
-		if err != nil && !os.IsNotExist(err) {
-			fail(err)
-		}
-		if err := os.WriteFile(*out, []byte(docsection.BenchScale.Splice(string(doc), section)), 0o644); err != nil {
+		if err := doc.markers.Write(*out, section); err != nil {
 			fail(err)
 		}
 		fmt.Fprintf(os.Stderr, "bench: wrote the scale section of %s in %s\n", *out, time.Since(start).Round(time.Second))

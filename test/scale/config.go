@@ -38,6 +38,9 @@ type Config struct {
 	MIGPods int
 	// NoPeer leaves out the comparison with Kueue (kueue.go).
 	NoPeer bool
+	// SharesOnly measures only (b), (a') and (a): the run beyond 500
+	// nodes, where every workload takes longer.
+	SharesOnly bool
 	// Timeout bounds each workload (creation until every pod is bound).
 	Timeout time.Duration
 	// Workers is how many pods the harness creates in parallel.
@@ -52,6 +55,15 @@ type Config struct {
 func Default() Config {
 	return Config{Nodes: 500, Profile: "dgxh100", Pods: 4000, Queues: 10, Share: "8Gi",
 		Gangs: 8, GangSize: 64, BigGang: 512, MIGPods: 1000, Timeout: 10 * time.Minute, Workers: 32}
+}
+
+// Large is the run beyond 500 nodes: 2,000 nodes of 8 x H100 and the
+// same 4,000 share pods in (a) and (a'), with (b) as the floor; no pin
+// comparison, gangs, MIG or peer (make bench-scale-large).
+func Large() Config {
+	c := Default()
+	c.Nodes, c.MIGPods, c.NoPeer, c.SharesOnly, c.Timeout = 2000, 0, true, true, 20*time.Minute
+	return c
 }
 
 // Small is the smoke variant that runs in `make test`.

@@ -88,3 +88,33 @@ func TestMIGWorkloads(t *testing.T) {
 		t.Errorf("last workload %s, want %s", all[len(all)-1].name, MIGName)
 	}
 }
+
+// TestWorkloadsOfEachSize checks which workloads each size measures: the
+// large run only (b), (a') and (a), on 2,000 nodes that hold its pods.
+func TestWorkloadsOfEachSize(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want []string
+	}{
+		{"small", Small(), []string{"plain", "claims", "shares", "shares-nopin", "ungated", "gangs", "gang", MIGSharesName, MIGName}},
+		{"full", Default(), []string{"plain", "claims", "shares", "shares-nopin", "ungated", "gangs", "gang", MIGSharesName, MIGName}},
+		{"large", Large(), []string{"plain", "claims", "shares"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, w := range workloads(tc.cfg) {
+				got = append(got, w.name)
+			}
+			if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("workloads %v, want %v", got, tc.want)
+			}
+			if err := tc.cfg.Validate(8); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if l := Large(); l.Nodes != 2000 || l.Pods != Default().Pods || !l.NoPeer {
+		t.Errorf("Large() = %+v: want 2,000 nodes, the full run's pods, no peer", l)
+	}
+}

@@ -59,7 +59,7 @@ func workloads(cfg Config) []workload {
 		claim(p, wholeTemplate)
 	}
 	noPin := map[string]string{"--pin-nodes": "none"}
-	return append([]workload{
+	all := append([]workload{
 		{name: "plain", title: fmt.Sprintf("(b) %d pods, no claim, no queue", cfg.Pods), pods: cfg.Pods, profile: true,
 			pod: func(int, *corev1.Pod) {}},
 		{name: "claims", title: fmt.Sprintf("(a') %d pods, a %s share claim each, no queue", cfg.Pods, cfg.Share), pods: cfg.Pods, profile: true,
@@ -82,6 +82,10 @@ func workloads(cfg Config) []workload {
 		{name: "gang", title: fmt.Sprintf("(d) one gang of %d pods, a whole GPU each", cfg.BigGang), pods: cfg.BigGang,
 			pod: func(_ int, p *corev1.Pod) { gang(p, "big", cfg.BigGang) }},
 	}, migWorkloads(cfg)...)
+	if cfg.SharesOnly {
+		return all[:3] // (b), (a'), (a)
+	}
+	return all
 }
 
 // basePod is what every measured pod has: it tolerates and selects the fake

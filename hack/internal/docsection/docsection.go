@@ -72,6 +72,12 @@ var (
 		Begin: "<!-- bench-scale:begin (written by make bench-scale; make bench keeps it) -->",
 		End:   "<!-- bench-scale:end -->",
 	}
+	// BenchScaleLarge is written by `make bench-scale-large` (go run
+	// ./hack/bench --scale --scale-size large): the run beyond 500 nodes.
+	BenchScaleLarge = Markers{
+		Begin: "<!-- bench-scale-large:begin (written by make bench-scale-large; make bench keeps it) -->",
+		End:   "<!-- bench-scale-large:end -->",
+	}
 	// BenchUpstream is written by `make bench-upstream` (go run ./hack/benchupstream).
 	BenchUpstream = Markers{
 		Begin: "<!-- bench-upstream:start -->",
@@ -84,5 +90,5 @@ var (
 		End:   "<!-- bench-tuning:end -->",
 	}
 	// Kept lists the sections of docs/benchmarks.md in the order a regenerated report carries them.
-	Kept = []Markers{BenchScale, BenchUpstream}
+	Kept = []Markers{BenchScale, BenchScaleLarge, BenchUpstream}
 )
