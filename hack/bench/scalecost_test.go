@@ -41,7 +41,7 @@ func TestCostTargets(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rows := strings.Join(costTargets(&tc.rep), "\n")
+			rows := strings.Join(costTargets(&tc.rep, 30*time.Minute), "\n")
 			if len(tc.want) == 0 && rows != "" {
 				t.Errorf("rows %q, want none", rows)
 			}
@@ -51,6 +51,14 @@ func TestCostTargets(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNoRunTimeTarget: a run without a time target (the large one) gets
+// no row for it.
+func TestNoRunTimeTarget(t *testing.T) {
+	if rows := costTargets(&scale.Report{Total: 40 * time.Minute}, 0); len(rows) != 0 {
+		t.Errorf("rows %q, want none", rows)
 	}
 }
 
