@@ -135,7 +135,7 @@ func run(keep bool, only string, list bool, mode localcluster.InstallMode) int {
 	say(rule)
 	if missing := missingBinaries(probe.Bin); len(missing) > 0 {
 		say("First run: building %s from the Go module proxy into %s.", strings.Join(missing, ", "), localcluster.CacheDir())
-		say("  A cold build takes about 10-15 minutes on 2 cores (progress every 30 s); later runs reuse the cache.")
+		say("  A cold build takes about 25 minutes on 2 cores (progress every 30 s); later runs reuse the cache.")
 	}
 
 	// The plugin starts with each scenario's configuration (see runScenario).

@@ -148,7 +148,7 @@ var kubernetesCommands = []string{"kube-apiserver", "kube-controller-manager", "
 
 func buildKubernetes(ctx context.Context, logf Logf, dst string) error {
 	return buildOnce(ctx, logf, "kubernetes", KubernetesVersion, dst, kubernetesCommands,
-		"cold build takes 9+ minutes on 2 cores, later builds use the Go build cache",
+		"cold build takes 15-20 minutes on 2 cores, later builds use the Go build cache",
 		func(work, out string, run runFunc) error {
 			goMod := fmt.Sprintf("module tessera.local/build/kubernetes\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes %s\n", KubernetesVersion)
 			if err := os.WriteFile(filepath.Join(work, "go.mod"), []byte(goMod), 0o644); err != nil {
@@ -212,7 +212,7 @@ func buildEtcd(ctx context.Context, logf Logf, dst string) error {
 var containerdCommands = []string{"containerd", "ctr", "containerd-shim-runc-v2"}
 
 func buildContainerd(ctx context.Context, logf Logf, dst string) error {
-	return buildOnce(ctx, logf, "containerd", ContainerdVersion, dst, containerdCommands, "about 1-2 minutes cold",
+	return buildOnce(ctx, logf, "containerd", ContainerdVersion, dst, containerdCommands, "about 3 minutes cold",
 		func(work, out string, run runFunc) error {
 			ld := "-s -w -X github.com/containerd/containerd/v2/version.Version=" + ContainerdVersion
 			for _, c := range containerdCommands {
