@@ -69,7 +69,9 @@ func scaleSection(ctx context.Context, cfg scale.Config, doc scaleDoc, dir strin
 	p("Nothing runs on a fake node (the kwok controller marks bound pods Running), so nothing is prepared: this measures the control plane. ")
 	p("kube-scheduler and kube-controller-manager run with `--kube-api-qps=5000 --kube-api-burst=10000` (what `kwokctl --disable-qps-limits` sets; their defaults, 50 and 20 QPS, would measure the defaults), the controller-manager with `--concurrent-resourceclaim-syncs=50`, and kube-apiserver with `--delete-collection-workers=16` (the pods, claims and events of a workload are deleted between workloads, outside every measurement). ")
 	p("A pod counts as bound when the harness's watch sees `spec.nodeName` set; times run from the first create call (the harness creates %d pods in parallel). Cluster bring-up took %s, the nodes and slices %s.\n\n", cfg.Workers, rep.ClusterUp.Round(time.Second), rep.Setup.Round(time.Second))
-	writePeerSetup(p, cfg)
+	if !cfg.NoPeer {
+		writePeerSetup(p, cfg)
+	}
 
 	p("### Ratios\n\n| comparison | ratio | time until all bound |\n|---|---:|---|\n")
 	ratio := func(what, a, base string) {
