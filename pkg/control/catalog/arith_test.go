@@ -56,7 +56,7 @@ func TestEstimateEdges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat := NewCatalog(slices, decidetest.Classes(), cel.NewCache(10, cel.Features{}))
+	cat := NewCatalog(slices, decidetest.Classes(), cel.NewCache(10, cel.Features{}), nil)
 	one, err := cat.EstimateClaim(context.Background(), "c", ptrSpec(decidetest.ClaimSpec(decidetest.Request{})))
 	if err != nil {
 		t.Fatal(err)

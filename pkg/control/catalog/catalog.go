@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unique"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/queue"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 )
 
@@ -49,15 +51,24 @@ type Device struct {
 	Shareable bool
 	// MinShare and ShareStep round a share's memory as the request policy does.
 	MinShare, ShareStep int64
-	cel                 cel.Device
+	// What CEL sees of the device (celDevice).
+	attrs      sliceintern.Attrs
+	allowMulti *bool
+	capacity   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity
+}
+
+// celDevice is the device as CEL selectors see it (its attributes in the
+// API's form, made for the call when the cache keeps them compact).
+func (d *Device) celDevice(driver string) cel.Device {
+	return cel.Device{Driver: driver, AllowMultipleAllocations: d.allowMulti, Attributes: d.attrs.Map(), Capacity: d.capacity}
 }
 
 // Catalog indexes the published devices of the driver, the device classes
 // and the cluster's capacity.
 type Catalog struct {
 	Driver   string
-	devices  map[string]*Device // pool/device
-	shapes   []*Device          // one device per distinct shape, for estimates
+	devices  map[deviceKey]*Device
+	shapes   []*Device // one device per distinct shape, for estimates
 	perNode  map[string][]*Device
 	classes  map[string]*resourceapi.DeviceClass
 	capacity queue.Vector
@@ -70,6 +81,10 @@ type Catalog struct {
 	ours map[*resourceapi.DeviceClass]bool
 }
 
+// deviceKey names a device by pool and name (the slice's strings, not a
+// string made per device).
+type deviceKey struct{ pool, name string }
+
 type selectorOnDevice struct {
 	device *Device
 	expr   string
@@ -77,10 +92,12 @@ type selectorOnDevice struct {
 
 // NewCatalog indexes the slices (only the newest generation of each pool
 // counts) and classes. The CEL cache may be shared with the allocator.
-func NewCatalog(slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, cache *cel.Cache) *Catalog {
+// attrs reads the devices' attributes (nil: the slices carry them, not
+// in the controller cache's compact form).
+func NewCatalog(slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, cache *cel.Cache, attrs *sliceintern.Interner) *Catalog {
 	c := &Catalog{
 		Driver:  devicemodel.DriverName,
-		devices: map[string]*Device{},
+		devices: map[deviceKey]*Device{},
 		perNode: map[string][]*Device{},
 		classes: map[string]*resourceapi.DeviceClass{},
 		cache:   cache,
@@ -115,8 +132,8 @@ func NewCatalog(slices []*resourceapi.ResourceSlice, classes []*resourceapi.Devi
 		}
 		node := ptr.Deref(s.Spec.NodeName, "")
 		for i := range s.Spec.Devices {
-			d := c.device(node, s.Spec.Pool.Name, &s.Spec.Devices[i], computeSlices)
-			c.devices[d.Pool+"/"+d.Name] = d
+			d := c.device(node, s.Spec.Pool.Name, &s.Spec.Devices[i], attrs.Attributes(s, i), computeSlices)
+			c.devices[deviceKey{d.Pool, d.Name}] = d
 			c.perNode[node] = append(c.perNode[node], d)
 			if d.Physical != "" {
 				mem := d.Memory
@@ -142,7 +159,7 @@ func NewCatalog(slices []*resourceapi.ResourceSlice, classes []*resourceapi.Devi
 
 func shapeKey(d *Device) string {
 	attr := func(n string) string {
-		a := d.cel.Attributes[resourceapi.QualifiedName(n)]
+		a, _ := d.attrs.Get(resourceapi.QualifiedName(n))
 		switch {
 		case a.StringValue != nil:
 			return *a.StringValue
@@ -157,12 +174,12 @@ func shapeKey(d *Device) string {
 		attr(devicemodel.AttrTimeSlices), strconv.FormatInt(d.Memory, 10), strconv.FormatInt(d.GPUs, 10)}, "|")
 }
 
-func (c *Catalog) device(node, pool string, d *resourceapi.Device, computeSlices map[string]int64) *Device {
+func (c *Catalog) device(node, pool string, d *resourceapi.Device, attrs sliceintern.Attrs, computeSlices map[string]int64) *Device {
 	out := &Device{
 		Node: node, Pool: pool, Name: d.Name,
-		cel: cel.Device{Driver: c.Driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity},
+		attrs: attrs, allowMulti: d.AllowMultipleAllocations, capacity: d.Capacity,
 	}
-	if a := d.Attributes[devicemodel.AttrType]; a.StringValue != nil {
+	if a, _ := attrs.Get(devicemodel.AttrType); a.StringValue != nil {
 		out.Type = *a.StringValue
 	}
 	if mem, ok := d.Capacity[devicemodel.CapMemory]; ok {
@@ -177,23 +194,24 @@ func (c *Catalog) device(node, pool string, d *resourceapi.Device, computeSlices
 			}
 		}
 	}
-	uuid := d.Attributes[devicemodel.AttrUUID]
-	parent := d.Attributes[devicemodel.AttrParentUUID]
+	uuid, _ := attrs.Get(devicemodel.AttrUUID)
+	parent, _ := attrs.Get(devicemodel.AttrParentUUID)
+	// One string per GPU, shared by its MIG devices, shares and slices.
 	switch {
 	case parent.StringValue != nil:
-		out.Physical = pool + "/" + *parent.StringValue
+		out.Physical = unique.Make(pool + "/" + *parent.StringValue).Value()
 	case uuid.StringValue != nil:
-		out.Physical = pool + "/" + *uuid.StringValue
+		out.Physical = unique.Make(pool + "/" + *uuid.StringValue).Value()
 	}
 	switch out.Type {
 	case devicemodel.TypeTimeSlice:
 		n := int64(1)
-		if a := d.Attributes[devicemodel.AttrTimeSlices]; a.IntValue != nil && *a.IntValue > 0 {
+		if a, _ := attrs.Get(devicemodel.AttrTimeSlices); a.IntValue != nil && *a.IntValue > 0 {
 			n = *a.IntValue
 		}
 		out.GPUs = queue.GPU / n
 	case devicemodel.TypeMIG:
-		out.GPUs = migFraction(pool, d, computeSlices)
+		out.GPUs = migFraction(pool, d, attrs, computeSlices)
 	default:
 		out.GPUs = queue.GPU
 	}
@@ -203,7 +221,7 @@ func (c *Catalog) device(node, pool string, d *resourceapi.Device, computeSlices
 // migFraction is the MIG device's compute slices over the GPU's: from the
 // counters in dynamic mode, from the profile name ("3g.40gb" = 3 of 7)
 // otherwise.
-func migFraction(pool string, d *resourceapi.Device, computeSlices map[string]int64) int64 {
+func migFraction(pool string, d *resourceapi.Device, attrs sliceintern.Attrs, computeSlices map[string]int64) int64 {
 	for _, cc := range d.ConsumesCounters {
 		if used, ok := cc.Counters["compute-slices"]; ok {
 			if total := computeSlices[pool+"/"+cc.CounterSet]; total > 0 {
@@ -211,7 +229,7 @@ func migFraction(pool string, d *resourceapi.Device, computeSlices map[string]in
 			}
 		}
 	}
-	if a := d.Attributes[devicemodel.AttrMIGProfile]; a.StringValue != nil {
+	if a, _ := attrs.Get(devicemodel.AttrMIGProfile); a.StringValue != nil {
 		g, _, ok := strings.Cut(*a.StringValue, "g.")
 		if n, err := strconv.Atoi(g); ok && err == nil && n > 0 && n <= DefaultMIGComputeSlices {
 			return int64(n) * queue.GPU / DefaultMIGComputeSlices
@@ -225,7 +243,7 @@ func migFraction(pool string, d *resourceapi.Device, computeSlices map[string]in
 func (c *Catalog) Capacity() queue.Vector { return c.capacity }
 
 // Lookup returns the device published as pool/name.
-func (c *Catalog) Lookup(pool, name string) *Device { return c.devices[pool+"/"+name] }
+func (c *Catalog) Lookup(pool, name string) *Device { return c.devices[deviceKey{pool, name}] }
 
 // NodeDevices returns the devices published for a node.
 func (c *Catalog) NodeDevices(node string) []*Device { return c.perNode[node] }
@@ -256,7 +274,7 @@ func (c *Catalog) isOurClass(ctx context.Context, dc *resourceapi.DeviceClass) b
 		return selects
 	}
 	for _, d := range c.shapes {
-		if ok, err := evalSelectors(ctx, c.cache, d.cel, dc.Spec.Selectors); ok && err == nil {
+		if ok, err := evalSelectors(ctx, c.cache, d.celDevice(c.Driver), dc.Spec.Selectors); ok && err == nil {
 			return true
 		}
 	}
@@ -486,7 +504,7 @@ func (c *Catalog) matches(ctx context.Context, d *Device, selectors []resourceap
 		if !known {
 			ok = true
 			if res := c.cache.GetOrCompile(s.CEL.Expression); res.Error == nil {
-				m, _, err := res.DeviceMatches(ctx, d.cel)
+				m, _, err := res.DeviceMatches(ctx, d.celDevice(c.Driver))
 				ok = m || err != nil
 			}
 			c.mu.Lock()

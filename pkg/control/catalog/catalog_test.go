@@ -33,7 +33,7 @@ func node(t *testing.T, name string, o decidetest.NodeOptions) []*resourceapi.Re
 func TestCapacity(t *testing.T) {
 	slices := append(node(t, "n1", decidetest.NodeOptions{Profile: "dgxh100"}), node(t, "n2", decidetest.NodeOptions{Profile: "h100-80gb:2", TimeSlices: 4})...)
 	slices = append(slices, node(t, "n3", decidetest.NodeOptions{Profile: "h100-80gb:1", MIG: true})...)
-	c := catalog.NewCatalog(slices, decidetest.Classes(), cel.NewCache(10, cel.Features{}))
+	c := catalog.NewCatalog(slices, decidetest.Classes(), cel.NewCache(10, cel.Features{}), nil)
 	got := c.Capacity()
 	// A MIG GPU counts its largest profile (7g.80gb: 80896 MiB).
 	want := queue.Vector{queue.Memory: 10*h100Usable + 80896*mib, queue.GPUs: 11 * queue.GPU}
@@ -74,7 +74,7 @@ func TestEstimateMatchesAllocation(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			slices := node(t, "n1", tc.node)
 			classes := decidetest.Classes()
-			cat := catalog.NewCatalog(slices, classes, cel.NewCache(10, cel.Features{}))
+			cat := catalog.NewCatalog(slices, classes, cel.NewCache(10, cel.Features{}), nil)
 			claim := decidetest.Claim("ns", "c", tc.reqs...)
 			est, err := cat.EstimateClaim(ctx, "c", &claim.Spec)
 			if err != nil {
@@ -102,7 +102,7 @@ func TestEstimateErrors(t *testing.T) {
 	ctx := context.Background()
 	other := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}}}}
-	cat := catalog.NewCatalog(node(t, "n1", decidetest.NodeOptions{Profile: "dgxh100"}), append(decidetest.Classes(), other), cel.NewCache(10, cel.Features{}))
+	cat := catalog.NewCatalog(node(t, "n1", decidetest.NodeOptions{Profile: "dgxh100"}), append(decidetest.Classes(), other), cel.NewCache(10, cel.Features{}), nil)
 	tests := []struct {
 		name    string
 		req     decidetest.Request
@@ -128,7 +128,7 @@ func TestChargeOfSharesIsConsumedCapacity(t *testing.T) {
 	ctx := context.Background()
 	slices := node(t, "n1", decidetest.NodeOptions{Profile: "h100-80gb:1"})
 	classes := decidetest.Classes()
-	cat := catalog.NewCatalog(slices, classes, cel.NewCache(10, cel.Features{}))
+	cat := catalog.NewCatalog(slices, classes, cel.NewCache(10, cel.Features{}), nil)
 	alloc := allocation.NewAllocator(slices, classes)
 	state := allocation.NewState()
 	var total queue.Vector
@@ -159,8 +159,8 @@ func TestIsOurClass(t *testing.T) {
 		return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "c"},
 			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}}}
 	}
-	published := catalog.NewCatalog(node(t, "n1", decidetest.NodeOptions{Profile: "h100-80gb:1"}), nil, cel.NewCache(10, cel.Features{}))
-	empty := catalog.NewCatalog(nil, nil, cel.NewCache(10, cel.Features{}))
+	published := catalog.NewCatalog(node(t, "n1", decidetest.NodeOptions{Profile: "h100-80gb:1"}), nil, cel.NewCache(10, cel.Features{}), nil)
+	empty := catalog.NewCatalog(nil, nil, cel.NewCache(10, cel.Features{}), nil)
 	for _, tt := range []struct {
 		expr      string
 		published bool

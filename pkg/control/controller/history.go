@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/history"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // HistoryKeeper updates every queue's usage history (status.usage) every
@@ -34,9 +35,12 @@ import (
 type HistoryKeeper struct {
 	Client client.Client
 	Reader client.Reader
-	Config history.Config
-	Every  time.Duration
-	Now    func() time.Time
+	// Attributes reads the devices' attributes of Reader's slices (the
+	// cache's compact form; nil: the slices carry them).
+	Attributes *sliceintern.Interner
+	Config     history.Config
+	Every      time.Duration
+	Now        func() time.Time
 
 	// written is status.usage as this process last wrote it, by queue
 	// UID. Only the Start loop calls Update: no lock.
@@ -97,7 +101,7 @@ func (h *HistoryKeeper) Update(ctx context.Context) error {
 		return err
 	}
 	qs := ptrs(queues.Items)
-	rates := history.Rates(qs, ptrs(pods.Items), ptrs(claims.Items), ptrs(slices.Items), ptrs(namespaces.Items))
+	rates := history.Rates(qs, ptrs(pods.Items), ptrs(claims.Items), ptrs(slices.Items), h.Attributes, ptrs(namespaces.Items))
 	t := now().Truncate(time.Second)
 	if h.written == nil {
 		h.written = map[types.UID]*v1alpha1.QueueUsage{}

@@ -94,6 +94,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 			return nil, err
 		}
 	}
+	attrs := sliceintern.New(0, nil)
 	mgrOpts := ctrl.Options{
 		Scheme:                        scheme,
 		Logger:                        logger,
@@ -107,13 +108,15 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		RenewDeadline:                 ptr.To(o.LeaderElectionRenewTime),
 		// The cache keeps no managed fields (nothing reads them) and one
 		// copy of what ResourceSlices repeat (sliceintern: capacities,
-		// counter consumptions, attribute values shared between devices).
+		// counter consumptions, attribute values shared between devices);
+		// the devices' attributes in attrs' compact form, which every
+		// reader of the cached slices is given.
 		Cache: cache.Options{
 			DefaultTransform: cache.TransformStripManagedFields(),
 			ByObject: map[client.Object]cache.ByObject{
 				&corev1.Pod{}:                {Label: labels.NewSelector().Add(*queued)},
 				&v1alpha1.Queue{}:            {Transform: gatedQueueFields(o)},
-				&resourceapi.ResourceSlice{}: {Transform: sliceintern.New(0, nil).Transform()},
+				&resourceapi.ResourceSlice{}: {Transform: attrs.Transform()},
 			},
 		},
 		WebhookServer: whServer,
@@ -155,12 +158,13 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		logger.Info("DeviceTaintRules are not served (resource.k8s.io/v1) or device taints are off; the admission simulation sees published device taints only", "error", err)
 	}
 	reconciler := &Reconciler{
-		Client:   mgr.GetClient(),
-		Reader:   mgr.GetCache(),
-		Recorder: mgr.GetEventRecorder(recorderName(o.ControllerName)),
-		Engine:   decide.NewEngine(cfgEngine),
-		Metrics:  NewMetrics(registry(o)),
-		Opts:     o,
+		Client:     mgr.GetClient(),
+		Reader:     mgr.GetCache(),
+		Attributes: attrs,
+		Recorder:   mgr.GetEventRecorder(recorderName(o.ControllerName)),
+		Engine:     decide.NewEngine(cfgEngine),
+		Metrics:    NewMetrics(registry(o)),
+		Opts:       o,
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -185,7 +189,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	// A shadow writes nothing but its report: the active controller keeps
 	// the history.
 	if o.UsageHistoryInterval > 0 && !o.Shadow {
-		keeper := &HistoryKeeper{Client: mgr.GetClient(), Reader: mgr.GetCache(), Every: o.UsageHistoryInterval,
+		keeper := &HistoryKeeper{Client: mgr.GetClient(), Reader: mgr.GetCache(), Attributes: attrs, Every: o.UsageHistoryInterval,
 			Config: history.Config{HalfLife: o.UsageHalfLife, MaxGap: o.UsageMaxGap, Days: o.UsageHistoryDays}, Controller: o.ControllerName}
 		if err := mgr.Add(keeper); err != nil {
 			return nil, fmt.Errorf("usage history: %w", err)
@@ -216,7 +220,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		whServer.Register(webhook.ClaimsPath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.ClaimValidator{Decoder: decoder, Reader: direct, Driver: devicemodel.DriverName, CEL: cel.NewCache(100, cel.Features{})})})
 		if o.Translate {
 			whServer.Register(webhook.TranslatePath, &ctrlwebhook.Admission{Handler: webhook.Detached(&webhook.PodTranslator{Decoder: decoder,
-				Reader: webhook.CacheFirst(mgr.GetCache(), direct), Client: direct, Config: o.TranslateConfig()})})
+				Reader: webhook.CacheFirst(mgr.GetCache(), direct), Attributes: attrs, Client: direct, Config: o.TranslateConfig()})})
 			janitor := &TemplateJanitor{Client: direct, Recorder: reconciler.Recorder, Grace: o.TranslateTemplateGrace}
 			if err := mgr.Add(janitor); err != nil {
 				return nil, fmt.Errorf("translation templates: %w", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/shadow"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 	"github.com/tessera-dev/tessera/pkg/control/snapshot"
 )
 
@@ -25,12 +26,15 @@ import (
 // of interest maps to one key, so changes that arrive while a cycle runs
 // are decided together in the next one.
 type Reconciler struct {
-	Client   client.Client
-	Reader   client.Reader
-	Recorder recorder.EventRecorder
-	Engine   *decide.Engine
-	Metrics  *Metrics
-	Opts     Options
+	Client client.Client
+	Reader client.Reader
+	// Attributes reads the devices' attributes of Reader's slices (the
+	// cache's compact form; nil: the slices carry them).
+	Attributes *sliceintern.Interner
+	Recorder   recorder.EventRecorder
+	Engine     *decide.Engine
+	Metrics    *Metrics
+	Opts       Options
 	// Shadow, when set, makes this a shadow controller (shadow.go): cycles
 	// decide and compare; nothing is applied.
 	Shadow *shadow.Tracker
@@ -256,7 +260,7 @@ func (a *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 func (a *Reconciler) snapshot(ctx context.Context) (*decide.Snapshot, error) {
 	// The cache's objects are never modified here: no copies. The engine
 	// lists the DeviceTaintRules itself (Config.TaintRules).
-	s, err := snapshot.Read(ctx, a.Reader, snapshot.Options{List: []client.ListOption{client.UnsafeDisableDeepCopy}, NoTaintRules: true})
+	s, err := snapshot.Read(ctx, a.Reader, snapshot.Options{List: []client.ListOption{client.UnsafeDisableDeepCopy}, NoTaintRules: true, Attributes: a.Attributes})
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	. "github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 	"github.com/tessera-dev/tessera/test/testutil"
 )
 
@@ -51,6 +53,23 @@ func benchClusterOf(b *testing.B, n int, o NodeOptions) ([]*corev1.Node, []*reso
 		}
 	}
 	return nodes, slices
+}
+
+// cacheForm returns the slices as the controller's cache keeps them (each
+// a stored object, its devices' attributes in the interner's compact form)
+// and the interner that reads them (decide.Snapshot.Attributes).
+func cacheForm(b testing.TB, slices []*resourceapi.ResourceSlice) (*sliceintern.Interner, []*resourceapi.ResourceSlice) {
+	in := sliceintern.New(0, nil)
+	out := make([]*resourceapi.ResourceSlice, len(slices))
+	for i, s := range slices {
+		c := s.DeepCopy()
+		c.UID, c.ResourceVersion = types.UID(fmt.Sprintf("uid-%06d", i)), "1"
+		if _, err := in.Transform()(c); err != nil {
+			b.Fatal(err)
+		}
+		out[i] = c
+	}
+	return in, out
 }
 
 // benchQueues: 10 departments with 99 team queues each (1,000 queues);
@@ -250,8 +269,10 @@ func smallestMIG(slices []*resourceapi.ResourceSlice) []*resourceapi.ResourceCla
 func benchDecideScale(b *testing.B, o NodeOptions, templates func([]*resourceapi.ResourceSlice) []*resourceapi.ResourceClaimTemplate, sizes ...int) {
 	queues, leaves := benchQueues()
 	for _, n := range sizes {
-		nodes, slices := benchClusterOf(b, n, o)
-		snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: templates(slices)}
+		nodes, published := benchClusterOf(b, n, o)
+		attrs, slices := cacheForm(b, published)
+		snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Attributes: attrs, Classes: Classes(), Templates: templates(published)}
+		published = nil
 		benchPending(snap, leaves)
 		ctx := context.Background()
 		var first *decide.Decision
@@ -294,14 +315,17 @@ func benchDecideScale(b *testing.B, o NodeOptions, templates func([]*resourceapi
 }
 
 // BenchmarkEngineRetained measures what an engine keeps between cycles
-// per published device (its catalog, node indexes and CEL results), on 100
+// per published device (its catalog, node indexes and CEL results) over
+// the slices as the controller's cache keeps them, on 100
 // nodes in dynamic MIG mode after one cycle over 10,000 pending pods that
 // each ask the smallest MIG device: the controller's memory beside its
 // cache of the slices themselves (pkg/control/sliceintern).
 func BenchmarkEngineRetained(b *testing.B) {
 	queues, leaves := benchQueues()
-	nodes, slices := benchClusterOf(b, 100, NodeOptions{Profile: "dgxh100", MIG: true})
-	snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Classes: Classes(), Templates: smallestMIG(slices)}
+	nodes, published := benchClusterOf(b, 100, NodeOptions{Profile: "dgxh100", MIG: true})
+	attrs, slices := cacheForm(b, published)
+	snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Attributes: attrs, Classes: Classes(), Templates: smallestMIG(published)}
+	published = nil
 	benchPending(snap, leaves)
 	devices := 0
 	for _, s := range slices {

@@ -11,7 +11,10 @@ import (
 	"github.com/google/cel-go/common/operators"
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/parser"
+
 	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // celRefs are the parts of a device a CEL selector reads, when it reads
@@ -194,16 +197,16 @@ func (r celRefs) sig() string {
 // caller checks first that the expression is fixed and that CEL can take
 // every attribute of the device (convertible); otherwise the whole content
 // decides.
-func (r celRefs) appendKey(dst []byte, driver string, d *resourceapi.Device) []byte {
+func (r celRefs) appendKey(dst []byte, driver string, d *resourceapi.Device, attrs sliceintern.Attrs) []byte {
 	dst = appendField(dst, 'd', driver)
 	if d.AllowMultipleAllocations != nil {
 		dst = strconv.AppendBool(append(dst, 'm'), *d.AllowMultipleAllocations)
 	}
 	for _, dn := range r.attrs {
 		q, bare, both := dn.qualified(driver)
-		dst = appendAttribute(dst, d.Attributes, q)
+		dst = appendAttribute(dst, attrs, q)
 		if both {
-			dst = appendAttribute(dst, d.Attributes, bare)
+			dst = appendAttribute(dst, attrs, bare)
 		}
 	}
 	for _, dn := range r.caps {
@@ -216,8 +219,8 @@ func (r celRefs) appendKey(dst []byte, driver string, d *resourceapi.Device) []b
 	return dst
 }
 
-func appendAttribute(dst []byte, attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, n resourceapi.QualifiedName) []byte {
-	a, ok := attrs[n]
+func appendAttribute(dst []byte, attrs sliceintern.Attrs, n resourceapi.QualifiedName) []byte {
+	a, ok := attrs.Get(n)
 	switch {
 	case !ok:
 		return append(dst, '-')
@@ -248,8 +251,8 @@ func appendField(dst []byte, tag byte, v string) []byte {
 
 // deviceConvertible says whether CEL can take every attribute of the
 // device.
-func deviceConvertible(d *resourceapi.Device, versionOK func(string) bool) bool {
-	for _, a := range d.Attributes {
+func deviceConvertible(attrs sliceintern.Attrs, versionOK func(string) bool) bool {
+	for _, a := range attrs.All() {
 		if !convertible(a, versionOK) {
 			return false
 		}

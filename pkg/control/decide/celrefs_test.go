@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 func TestAnalyzeCEL(t *testing.T) {
@@ -86,10 +88,10 @@ func TestCELRefsKeyDecides(t *testing.T) {
 		refs := analyzeCEL(expr)
 		results := map[string]bool{}
 		for i, d := range devices {
-			if !refs.fixed || !deviceConvertible(d, versionCache{}.ok) {
+			if !refs.fixed || !deviceConvertible(sliceintern.MapAttrs(d.Attributes), versionCache{}.ok) {
 				t.Fatalf("%s: no key for device %d", expr, i)
 			}
-			k := string(refs.appendKey(nil, driver, d))
+			k := string(refs.appendKey(nil, driver, d, sliceintern.MapAttrs(d.Attributes)))
 			m, _, err := cache.GetOrCompile(expr).DeviceMatches(context.Background(), cel.Device{Driver: driver, Attributes: d.Attributes, Capacity: d.Capacity})
 			if err != nil {
 				t.Fatal(err)
@@ -107,7 +109,7 @@ func TestCELRefsKeyDecides(t *testing.T) {
 	// the whole content decides.
 	for v, want := range map[string]bool{"580.65.6": true, "not-a-version": false} {
 		d := &resourceapi.Device{Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"driverVersion": {VersionValue: ptr.To(v)}}}
-		if ok := deviceConvertible(d, versionCache{}.ok); ok != want {
+		if ok := deviceConvertible(sliceintern.MapAttrs(d.Attributes), versionCache{}.ok); ok != want {
 			t.Errorf("version %q: convertible = %v, want %v", v, ok, want)
 		}
 	}

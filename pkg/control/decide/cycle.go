@@ -140,7 +140,7 @@ func (e *Engine) open(ctx context.Context, snap *Snapshot, place bool) (*cycle, 
 		if e.places == nil || e.places.full() {
 			e.places = newPlaceCache()
 		}
-		pl = newPlacer(snap.Nodes, snap.Slices, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement, e.places)
+		pl = newPlacer(snap.Nodes, snap.Slices, snap.Attributes, snap.Classes, e.cfg.Features, e.cel, e.cfg.ExactPlacement, e.places)
 	}
 	c := e.newCycle(ctx, snap, pl)
 	if pl != nil {

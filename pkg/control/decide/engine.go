@@ -95,7 +95,7 @@ func (e *Engine) keepCatalog(snap *Snapshot) {
 		e.catalog = nil
 	}
 	if e.catalog == nil {
-		e.catalog = catalog.NewCatalog(snap.Slices, snap.Classes, e.cel)
+		e.catalog = catalog.NewCatalog(snap.Slices, snap.Classes, e.cel, snap.Attributes)
 	}
 	e.slices, e.classes = snap.Slices, snap.Classes
 }

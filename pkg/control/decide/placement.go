@@ -22,6 +22,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/control/podclaims"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // placeNode is a node as placement simulation sees it: its slices and what is
@@ -52,6 +53,10 @@ type placeNode struct {
 	// version altFailsAt (see shortcuts.go).
 	altFails   map[string][]map[resourceapi.QualifiedName]resource.Quantity
 	altFailsAt uint64
+	// withAttrs are the slices with their devices' attributes in the
+	// API's form, made for this cycle's first call that passes all of
+	// them to the allocator (allSlices).
+	withAttrs []*resourceapi.ResourceSlice
 }
 
 // deviceIndex is what the shortcuts derive from a node's slices and the
@@ -66,7 +71,9 @@ type deviceIndex struct {
 	// slice's devices start in flat per-device vectors.
 	devices     int
 	offsets     []int
-	convertible map[devPos]bool
+	// convertible caches placer.convertible per device (flat): 0 not
+	// known yet, 1 no, 2 yes.
+	convertible []int8
 	ids         [][]structured.DeviceID
 	positions   map[structured.DeviceID]devPos
 	// counterSets are the counter sets each device consumes (flat), by
@@ -87,7 +94,6 @@ type deviceIndex struct {
 func newDeviceIndex(slices []*resourceapi.ResourceSlice) *deviceIndex {
 	return &deviceIndex{
 		from:        slices,
-		convertible: map[devPos]bool{},
 		keyIDs:      map[string][]int32{},
 		masks:       map[string][][]bool{},
 		cands:       map[string][]devPos{},
@@ -181,7 +187,9 @@ type placer struct {
 	shapes   map[string]*claimShape
 	blockIDs map[string]int
 	cache    *placeCache
-	keyBuf   []byte
+	// attrs reads the devices' attributes (Snapshot.Attributes).
+	attrs  *sliceintern.Interner
+	keyBuf []byte
 	// Buffers of groupPrefix.
 	inBuf            map[devPos]bool
 	groupBuf, setBuf []int32
@@ -209,7 +217,7 @@ type filterKey struct {
 // newPlacer indexes the snapshot's nodes and slices. cache is what an
 // earlier placer over the same classes kept (nil for none): a node whose
 // slices are the same objects keeps its device index.
-func newPlacer(nodes []*corev1.Node, all []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, features structured.Features, celCache *cel.Cache, exact bool, cache *placeCache) *placer {
+func newPlacer(nodes []*corev1.Node, all []*resourceapi.ResourceSlice, attrs *sliceintern.Interner, classes []*resourceapi.DeviceClass, features structured.Features, celCache *cel.Cache, exact bool, cache *placeCache) *placer {
 	if cache == nil {
 		cache = newPlaceCache()
 	}
@@ -218,6 +226,7 @@ func newPlacer(nodes []*corev1.Node, all []*resourceapi.ResourceSlice, classes [
 		shapes:    map[string]*claimShape{},
 		blockIDs:  map[string]int{},
 		cache:     cache,
+		attrs:     attrs,
 		stripped:  map[strippedKey]*resourceapi.ResourceClaim{},
 		byName:    map[string]*placeNode{},
 		poolNode:  map[string]*placeNode{},
@@ -320,6 +329,24 @@ func (c *placer) remove(sn *placeNode, a *resourceapi.AllocationResult) {
 	sn.version++
 }
 
+// allSlices returns the node's slices as the allocator takes them: with
+// their devices' attributes (made once per cycle where the cache keeps
+// them compact).
+func (c *placer) allSlices(sn *placeNode) []*resourceapi.ResourceSlice {
+	if sn.withAttrs == nil {
+		sn.withAttrs = make([]*resourceapi.ResourceSlice, len(sn.slices))
+		for i, s := range sn.slices {
+			sn.withAttrs[i] = c.attrs.WithAttributes(s)
+		}
+	}
+	return sn.withAttrs
+}
+
+// attributes returns the attributes of the node's device at pos.
+func (c *placer) attributes(sn *placeNode, pos devPos) sliceintern.Attrs {
+	return c.attrs.Attributes(sn.slices[pos.slice], pos.device)
+}
+
 // allocate runs the scheduler's allocator for claims on one node, over the
 // devices the claims can select and those allocated (see shortcuts.go).
 func (c *placer) allocate(ctx context.Context, sn *placeNode, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
@@ -332,7 +359,7 @@ func (c *placer) allocate(ctx context.Context, sn *placeNode, claims []*resource
 		// meets the failing devices: only the exact call says.
 		c.calls++
 		// Its failures are not recorded for knownToFail either.
-		return allocation.Allocate(ctx, c.features, sn.state, c.classes, sn.slices, c.cel, sn.node, claims)
+		return allocation.Allocate(ctx, c.features, sn.state, c.classes, c.allSlices(sn), c.cel, sn.node, claims)
 	}
 	if res, ok, err := c.allocateLadder(ctx, sn, claims); ok {
 		return res, err

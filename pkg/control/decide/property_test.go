@@ -305,7 +305,7 @@ func checkLimits(t *testing.T, w *world, step int) {
 func chargeWorld(t *testing.T, w *world, tree *queue.Tree, step int) {
 	t.Helper()
 	ctx := context.Background()
-	cat := catalog.NewCatalog(w.snap.Slices, w.snap.Classes, cel.NewCache(100, cel.Features{}))
+	cat := catalog.NewCatalog(w.snap.Slices, w.snap.Classes, cel.NewCache(100, cel.Features{}), w.snap.Attributes)
 	seen := map[string]bool{}
 	objs := worldObjects{w}
 	for _, p := range w.snap.Pods {

@@ -166,7 +166,7 @@ func (p *placer) selectable(ctx context.Context, shapes []*claimShape, sn *place
 // select and the allocated ones.
 func (p *placer) slicesFor(ctx context.Context, sn *placeNode, claims []*resourceapi.ResourceClaim) []*resourceapi.ResourceSlice {
 	if p.exact {
-		return sn.slices
+		return p.allSlices(sn)
 	}
 	shapes := make([]*claimShape, len(claims))
 	sig := ""
@@ -188,19 +188,17 @@ func (p *placer) slicesFor(ctx context.Context, sn *placeNode, claims []*resourc
 	}
 	out := make([]*resourceapi.ResourceSlice, len(sn.slices))
 	for i, s := range sn.slices {
-		keep := make([]resourceapi.Device, 0, len(s.Spec.Devices))
+		pos := make([]int, 0, len(s.Spec.Devices))
 		for j, d := range s.Spec.Devices {
 			if mask[i][j] || sn.held[structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)] > 0 {
-				keep = append(keep, d)
+				pos = append(pos, j)
 			}
 		}
-		if len(keep) == len(s.Spec.Devices) {
-			out[i] = s
+		if len(pos) == len(s.Spec.Devices) {
+			out[i] = p.allSlices(sn)[i]
 			continue
 		}
-		c := *s
-		c.Spec.Devices = keep
-		out[i] = &c
+		out[i] = p.attrs.Subset(s, pos)
 	}
 	return out
 }

@@ -9,25 +9,27 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/cel"
+
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // CEL results of the placement shortcuts (shortcut 1 in shortcuts.go):
 // per expression and device content, shared by identical devices.
 
 // deviceContentKey identifies what CEL sees of a device.
-func deviceContentKey(driver string, d *resourceapi.Device) string {
+func deviceContentKey(driver string, d *resourceapi.Device, attrs sliceintern.Attrs) string {
 	var b strings.Builder
 	b.WriteString(driver)
 	if d.AllowMultipleAllocations != nil {
 		b.WriteString("|m" + strconv.FormatBool(*d.AllowMultipleAllocations))
 	}
-	names := make([]string, 0, len(d.Attributes))
-	for n := range d.Attributes {
+	names := make([]string, 0, attrs.Len())
+	for n := range attrs.All() {
 		names = append(names, string(n))
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		a := d.Attributes[resourceapi.QualifiedName(n)]
+		a, _ := attrs.Get(resourceapi.QualifiedName(n))
 		b.WriteString("|a" + n + "=")
 		switch {
 		case a.IntValue != nil:
@@ -95,9 +97,9 @@ func (p *placer) keyIDs(sn *placeNode, e *exprResults) []int32 {
 		for j := range s.Spec.Devices {
 			d := &s.Spec.Devices[j]
 			if e.refs.fixed && p.convertible(sn, devPos{i, j}) {
-				p.keyBuf = e.refs.appendKey(p.keyBuf[:0], s.Spec.Driver, d)
+				p.keyBuf = e.refs.appendKey(p.keyBuf[:0], s.Spec.Driver, d, p.attributes(sn, devPos{i, j}))
 			} else {
-				p.keyBuf = append(append(p.keyBuf[:0], '*'), deviceContentKey(s.Spec.Driver, d)...)
+				p.keyBuf = append(append(p.keyBuf[:0], '*'), deviceContentKey(s.Spec.Driver, d, p.attributes(sn, devPos{i, j}))...)
 			}
 			id, ok := space[string(p.keyBuf)]
 			if !ok {
@@ -146,7 +148,7 @@ func (p *placer) result(ctx context.Context, expr string, e *exprResults, id int
 	d := &s.Spec.Devices[pos.device]
 	r := celError
 	if res := p.cel.GetOrCompile(expr); res.Error == nil {
-		m, _, err := res.DeviceMatches(ctx, cel.Device{Driver: s.Spec.Driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
+		m, _, err := res.DeviceMatches(ctx, cel.Device{Driver: s.Spec.Driver, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: p.attributes(sn, pos).Map(), Capacity: d.Capacity})
 		switch {
 		case err != nil:
 			r = celError
@@ -163,12 +165,18 @@ func (p *placer) result(ctx context.Context, expr string, e *exprResults, id int
 // convertible says whether CEL can take every attribute of the node's
 // device at pos, computed once.
 func (p *placer) convertible(sn *placeNode, pos devPos) bool {
-	ok, seen := sn.convertible[pos]
-	if !seen {
-		ok = deviceConvertible(&sn.slices[pos.slice].Spec.Devices[pos.device], p.cache.versions.ok)
-		sn.convertible[pos] = ok
+	p.nodeIndex(sn)
+	if sn.convertible == nil {
+		sn.convertible = make([]int8, sn.devices)
 	}
-	return ok
+	k := sn.flat(pos)
+	if sn.convertible[k] == 0 {
+		sn.convertible[k] = 1
+		if deviceConvertible(p.attributes(sn, pos), p.cache.versions.ok) {
+			sn.convertible[k] = 2
+		}
+	}
+	return sn.convertible[k] == 2
 }
 
 // selects says, for every device of the node in the allocator's order,

@@ -67,7 +67,7 @@ func (p *placer) allocateLadder(ctx context.Context, sn *placeNode, claims []*re
 			if err != nil {
 				// Let the allocator report it as it would over all devices.
 				p.calls++
-				res, err := allocation.Allocate(ctx, p.features, sn.state, p.classes, sn.slices, p.cel, sn.node, claims)
+				res, err := allocation.Allocate(ctx, p.features, sn.state, p.classes, p.allSlices(sn), p.cel, sn.node, claims)
 				return res, true, err
 			}
 			if res != nil && len(res[0].Devices.Results) == 1 && res[0].Devices.Results[0].Request == a.result {
@@ -327,9 +327,9 @@ func (p *placer) subset(sn *placeNode, list []devPos) []*resourceapi.ResourceSli
 	out := make([]*resourceapi.ResourceSlice, len(sn.slices))
 	k := 0
 	for i, s := range sn.slices {
-		var keep []resourceapi.Device
+		var pos []int
 		for k < len(list) && list[k].slice == i {
-			keep = append(keep, s.Spec.Devices[list[k].device])
+			pos = append(pos, list[k].device)
 			k++
 		}
 		var sets []resourceapi.CounterSet
@@ -338,13 +338,13 @@ func (p *placer) subset(sn *placeNode, list []devPos) []*resourceapi.ResourceSli
 				sets = append(sets, cs)
 			}
 		}
-		if len(keep) == len(s.Spec.Devices) && len(sets) == len(s.Spec.SharedCounters) {
-			out[i] = s
+		if len(pos) == len(s.Spec.Devices) && len(sets) == len(s.Spec.SharedCounters) {
+			out[i] = p.allSlices(sn)[i]
 			continue
 		}
-		c := *s
-		c.Spec.Devices, c.Spec.SharedCounters = keep, sets
-		out[i] = &c
+		c := p.attrs.Subset(s, pos)
+		c.Spec.SharedCounters = sets
+		out[i] = c
 	}
 	return out
 }

@@ -76,8 +76,8 @@ func shortcutsPlaceAsExact(t *testing.T, features structured.Features, usable bo
 	for seed := range uint64(12) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		ctx := context.Background()
-		fast := newPlacer(nodes, all, decidetest.Classes(), features, cel.NewCache(100, cel.Features{}), false, nil)
-		exact := newPlacer(nodes, all, decidetest.Classes(), features, cel.NewCache(100, cel.Features{}), true, nil)
+		fast := newPlacer(nodes, all, nil, decidetest.Classes(), features, cel.NewCache(100, cel.Features{}), false, nil)
+		exact := newPlacer(nodes, all, nil, decidetest.Classes(), features, cel.NewCache(100, cel.Features{}), true, nil)
 		// Each placer releases its own results: the share IDs differ.
 		type held struct {
 			node        int

@@ -12,6 +12,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/allocation"
 	"github.com/tessera-dev/tessera/pkg/control/queue"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // Reasons of verdicts, used as event and condition reasons.
@@ -92,6 +93,10 @@ type Snapshot struct {
 	Slices    []*resourceapi.ResourceSlice
 	Classes   []*resourceapi.DeviceClass
 	Nodes     []*corev1.Node
+	// Attributes reads the devices' attributes where the slices come from
+	// the controller's cache, which keeps them in a compact form
+	// (sliceintern); nil: the slices carry them.
+	Attributes *sliceintern.Interner
 	// Namespaces are the cluster's namespaces: a queue's namespaceSelector
 	// is matched against their labels when a pod is admitted (rules.go),
 	// and the claims that unqueued pods of a namespace labelled with a

@@ -19,6 +19,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/control/decide"
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/control/podclaims"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // world is a simulated cluster the tests drive: the engine decides, the
@@ -31,7 +32,11 @@ type world struct {
 	eng    *decide.Engine
 	clock  time.Time
 	slices map[string][]*resourceapi.ResourceSlice
-	last   *decide.Decision
+	// attrs is the controller's cache transform: the engine sees the
+	// slices as the controller's cache keeps them (attributes in compact
+	// form), the simulated scheduler as published (slices).
+	attrs *sliceintern.Interner
+	last  *decide.Decision
 	// placed remembers where the admission put each pod, order in which.
 	placed map[types.UID]string
 	order  map[types.UID]int
@@ -49,10 +54,11 @@ type world struct {
 const refusalTTL = time.Minute
 
 func newWorld(t testing.TB, cfg decide.Config) *world {
-	return &world{t: t, eng: decide.NewEngine(cfg), clock: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+	w := &world{t: t, eng: decide.NewEngine(cfg), clock: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		slices: map[string][]*resourceapi.ResourceSlice{}, placed: map[types.UID]string{}, order: map[types.UID]int{},
-		budgets: map[string]bool{}, refuse: map[string]bool{},
-		snap: decide.Snapshot{Classes: decidetest.Classes()}}
+		budgets: map[string]bool{}, refuse: map[string]bool{}, attrs: sliceintern.New(0, nil)}
+	w.snap = decide.Snapshot{Classes: decidetest.Classes(), Attributes: w.attrs}
+	return w
 }
 
 func (w *world) tick() metav1.Time {
@@ -66,7 +72,14 @@ func (w *world) node(name string, o decidetest.NodeOptions) {
 		w.t.Fatal(err)
 	}
 	w.slices[name] = s
-	w.snap.Slices = append(w.snap.Slices, s...)
+	for _, published := range s {
+		cached := published.DeepCopy()
+		cached.UID, cached.ResourceVersion = types.UID(name+"/"+cached.Name), "1"
+		if _, err := w.attrs.Transform()(cached); err != nil {
+			w.t.Fatal(err)
+		}
+		w.snap.Slices = append(w.snap.Slices, cached)
+	}
 	w.snap.Nodes = append(w.snap.Nodes, decidetest.Node(name))
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/catalog"
 	"github.com/tessera-dev/tessera/pkg/control/queue"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 	"github.com/tessera-dev/tessera/pkg/gpu/devicemodel"
 )
 
@@ -23,16 +24,17 @@ const gib = 1 << 30
 // namespace, for managed namespaces); claims of no queue are left out.
 // Used GPUs are the SM utilization the kubelet plugin sampled (percent of
 // the device / 100), used memory its memory sample; a device not sampled
-// yet counts as unused.
-func Rates(queues []*v1alpha1.Queue, pods []*corev1.Pod, claims []*resourceapi.ResourceClaim, slices []*resourceapi.ResourceSlice, namespaces []*corev1.Namespace) map[string]map[Key]Amounts {
-	cat := catalog.NewCatalog(slices, nil, nil)
+// yet counts as unused. attrs reads the devices' attributes (nil: the
+// slices carry them).
+func Rates(queues []*v1alpha1.Queue, pods []*corev1.Pod, claims []*resourceapi.ResourceClaim, slices []*resourceapi.ResourceSlice, attrs *sliceintern.Interner, namespaces []*corev1.Namespace) map[string]map[Key]Amounts {
+	cat := catalog.NewCatalog(slices, nil, nil, attrs)
 	models := map[string]string{}
 	for _, s := range slices {
 		if s.Spec.Driver != devicemodel.DriverName {
 			continue
 		}
-		for _, d := range s.Spec.Devices {
-			if a, ok := d.Attributes[devicemodel.AttrProductName]; ok && a.StringValue != nil {
+		for i, d := range s.Spec.Devices {
+			if a, ok := attrs.Attributes(s, i).Get(devicemodel.AttrProductName); ok && a.StringValue != nil {
 				models[s.Spec.Pool.Name+"/"+d.Name] = *a.StringValue
 			}
 		}

@@ -8,8 +8,10 @@
 // device), counter consumptions and shared counter sets (one per
 // placement, not one per node), attribute values (productName, driver
 // versions, profile names: one string each) and the strings of names and
-// attribute keys. What stays per device is its attribute map, which holds
-// what is its own (uuid, index, placement).
+// attribute keys. The devices' attributes leave the API's form: the
+// interner keeps them in a compact form beside the cache (attrs.go:
+// numbers into each slice's shared values), and readers ask it for them
+// (Attributes, WithAttributes).
 //
 // The shared parts are read-only, as every object of an informer's store
 // is: readers that change a slice copy it first (DeepCopy, as the
@@ -54,6 +56,13 @@ type Interner struct {
 	strs       table[*string]
 	ints       table[*int64]
 	bools      table[*bool]
+	attrs      table[*resourceapi.DeviceAttribute]
+	keySets    table[*keySet]
+
+	// amu guards compact, the attributes of the slices Transform stored
+	// (attrs.go), which readers use concurrently with the transform.
+	amu     sync.RWMutex
+	compact map[sliceKey]*compactSlice
 }
 
 // New returns an interner that remembers shared parts for at least period
@@ -79,7 +88,7 @@ func (in *Interner) Transform() toolscache.TransformFunc {
 			return obj, nil
 		}
 		s.ManagedFields = nil
-		in.Slice(s)
+		in.intern(s, true)
 		return s, nil
 	}
 }
@@ -87,7 +96,11 @@ func (in *Interner) Transform() toolscache.TransformFunc {
 // Slice shares the parts of s that other slices publish alike, in place.
 // s must not be in use elsewhere (the cache calls it on the object it has
 // just decoded).
-func (in *Interner) Slice(s *resourceapi.ResourceSlice) {
+func (in *Interner) Slice(s *resourceapi.ResourceSlice) { in.intern(s, false) }
+
+// intern shares what s repeats; with compact, its devices' attributes go
+// to the compact table (attrs.go).
+func (in *Interner) intern(s *resourceapi.ResourceSlice, compact bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if t := in.now(); t.Sub(in.rotated) >= in.period {
@@ -101,16 +114,29 @@ func (in *Interner) Slice(s *resourceapi.ResourceSlice) {
 		set.Name = str(set.Name)
 		set.Counters = shared(&in.counters, set.Counters)
 	}
+	compact = compact && s.UID != "" && s.ResourceVersion != ""
 	for i := range s.Spec.Devices {
-		in.device(&s.Spec.Devices[i])
+		in.device(&s.Spec.Devices[i], !compact)
+	}
+	if compact && !in.compactAttributes(s) {
+		for i := range s.Spec.Devices {
+			in.attributes(&s.Spec.Devices[i])
+		}
 	}
 }
 
-func (in *Interner) device(d *resourceapi.Device) {
+func (in *Interner) device(d *resourceapi.Device, attributes bool) {
 	d.Name = str(d.Name)
 	d.Capacity = shared(&in.capacities, d.Capacity)
 	d.ConsumesCounters = shared(&in.consumes, d.ConsumesCounters)
 	d.NodeName = in.strPtr(d.NodeName)
+	if attributes {
+		in.attributes(d)
+	}
+}
+
+// attributes gives d a map of its own whose keys and values are shared.
+func (in *Interner) attributes(d *resourceapi.Device) {
 	if len(d.Attributes) == 0 {
 		return
 	}
@@ -137,13 +163,16 @@ func (in *Interner) rotate(t time.Time) {
 	in.strs.rotate()
 	in.ints.rotate()
 	in.bools.rotate()
+	in.attrs.rotate()
+	in.keySets.rotate()
 }
 
 // Len is the number of shared parts the interner remembers.
 func (in *Interner) Len() int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.capacities.len() + in.consumes.len() + in.counters.len() + in.strs.len() + in.ints.len() + in.bools.len()
+	return in.capacities.len() + in.consumes.len() + in.counters.len() + in.strs.len() + in.ints.len() + in.bools.len() +
+		in.attrs.len() + in.keySets.len()
 }
 
 func (in *Interner) strPtr(p *string) *string {

@@ -12,6 +12,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/pkg/control/decide/decidetest"
 	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
@@ -29,7 +30,8 @@ func published(t testing.TB, n int, o decidetest.NodeOptions) []*resourceapi.Res
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, s := range slices {
+		for j, s := range slices {
+			s.UID, s.ResourceVersion = types.UID(fmt.Sprintf("uid-%04d-%d", i, j)), "1"
 			s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet-plugin", Operation: metav1.ManagedFieldsOperationUpdate, FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:devices":{}}}`)}}
 			raw, err := json.Marshal(s)
 			if err != nil {
@@ -66,8 +68,16 @@ func TestSliceKeepsContentAndShares(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !apiequality.Semantic.DeepEqual(got, want[i]) {
-					t.Fatalf("slice %s changed: got %+v, want %+v", s.Name, got, want[i])
+				if full := in.WithAttributes(got.(*resourceapi.ResourceSlice)); !apiequality.Semantic.DeepEqual(full, want[i]) {
+					t.Fatalf("slice %s changed: got %+v, want %+v", s.Name, full, want[i])
+				}
+				for j, d := range s.Spec.Devices {
+					if d.Attributes != nil {
+						t.Fatalf("device %s: the cached object keeps its attribute map", d.Name)
+					}
+					if a := in.Attributes(s, j); a.Len() != len(want[i].Spec.Devices[j].Attributes) {
+						t.Fatalf("device %s: %d attributes, want %d", d.Name, a.Len(), len(want[i].Spec.Devices[j].Attributes))
+					}
 				}
 			}
 			// The two nodes publish the same devices: every capacity map
@@ -82,7 +92,9 @@ func TestSliceKeepsContentAndShares(t *testing.T) {
 					if len(a[j].ConsumesCounters) > 0 && &a[j].ConsumesCounters[0] != &b[j].ConsumesCounters[0] {
 						t.Errorf("device %s: counter consumption not shared between the nodes", a[j].Name)
 					}
-					if ua, ub := a[j].Attributes["productName"].StringValue, b[j].Attributes["productName"].StringValue; ua != ub {
+					pa, _ := in.Attributes(slices[i], j).Get("productName")
+					pb, _ := in.Attributes(slices[half+i], j).Get("productName")
+					if pa.StringValue == nil || pa.StringValue != pb.StringValue {
 						t.Errorf("device %s: productName not shared", a[j].Name)
 					}
 				}
@@ -168,19 +180,21 @@ func retainedPerDevice(t testing.TB, nodes int, o decidetest.NodeOptions, in *sl
 	}
 	after := testutil.LiveHeap()
 	runtime.KeepAlive(slices)
-	return float64(after-before) / float64(devices)
+	runtime.KeepAlive(raw) // not freed while measured
+	runtime.KeepAlive(in)
+	return (float64(after) - float64(before)) / float64(devices)
 }
 
 // The transform cuts what the cache holds per device of nodes in dynamic
-// MIG mode (the scale run's (m) workload) by at least a quarter (it cuts
-// about 37%: what stays is each device's attribute map, docs/controller.md).
+// MIG mode (the scale run's (m) workload) to at most 512 bytes, a tenth of
+// the decoded form (about 345 B against 7.7 KiB: docs/benchmarks.md).
 func TestTransformCutsMemoryPerDevice(t *testing.T) {
 	o := decidetest.NodeOptions{Profile: "dgxh100", MIG: true}
 	decoded := retainedPerDevice(t, 20, o, nil)
 	interned := retainedPerDevice(t, 20, o, sliceintern.New(0, nil))
 	t.Logf("per dynamic-MIG device: decoded %.0f B, interned %.0f B", decoded, interned)
-	if interned > 0.75*decoded {
-		t.Fatalf("interned slices hold %.0f B per device, decoded %.0f B: want at most 0.75x", interned, decoded)
+	if interned > 512 || interned > 0.1*decoded {
+		t.Fatalf("interned slices hold %.0f B per device, decoded %.0f B: want at most 512 B and 0.1x", interned, decoded)
 	}
 }
 
@@ -204,5 +218,122 @@ func BenchmarkRetainedPerDevice(b *testing.B) {
 			}
 			b.ReportMetric(per, "B/device")
 		})
+	}
+}
+
+// Every copy of a cached slice (a struct copy, as a cache list without deep
+// copies makes; a deep copy) reads the same attributes, and the API's form
+// made from them is what was published.
+func TestAttributesOfCopies(t *testing.T) {
+	slices := published(t, 1, decidetest.NodeOptions{Profile: "dgxh100", MIG: true})
+	want := slices[1].DeepCopy()
+	in := sliceintern.New(0, nil)
+	for _, s := range slices {
+		if _, err := in.Transform()(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := slices[1]
+	// An informer may transform an object again: nothing changes.
+	if _, err := in.Transform()(s); err != nil {
+		t.Fatal(err)
+	}
+	shallow := *s
+	for name, c := range map[string]*resourceapi.ResourceSlice{"stored": s, "struct copy": &shallow, "deep copy": s.DeepCopy()} {
+		for j, d := range want.Spec.Devices {
+			a := in.Attributes(c, j)
+			if a.Len() != len(d.Attributes) {
+				t.Fatalf("%s, device %s: %d attributes, want %d", name, d.Name, a.Len(), len(d.Attributes))
+			}
+			for n, v := range d.Attributes {
+				if got, ok := a.Get(n); !ok || !apiequality.Semantic.DeepEqual(got, v) {
+					t.Fatalf("%s, device %s: attribute %s = %+v (%v), want %+v", name, d.Name, n, got, ok, v)
+				}
+			}
+			if _, ok := a.Get("no-such-attribute"); ok {
+				t.Fatalf("%s, device %s: an attribute it does not have", name, d.Name)
+			}
+			if !apiequality.Semantic.DeepEqual(a.Map(), d.Attributes) {
+				t.Fatalf("%s, device %s: Map() differs from what was published", name, d.Name)
+			}
+		}
+	}
+	sub := in.Subset(s, []int{3, 1})
+	if len(sub.Spec.Devices) != 2 || sub.Spec.Devices[0].Name != want.Spec.Devices[3].Name || sub.Spec.Devices[1].Name != want.Spec.Devices[1].Name ||
+		!apiequality.Semantic.DeepEqual(sub.Spec.Devices[0].Attributes, want.Spec.Devices[3].Attributes) {
+		t.Fatalf("Subset(3, 1) = %+v", sub.Spec.Devices)
+	}
+	if s.Spec.Devices[3].Attributes != nil || len(s.Spec.Devices) != len(want.Spec.Devices) {
+		t.Fatal("Subset changed the stored slice")
+	}
+	// A slice read from the API (no compact form) is its own.
+	if got := in.WithAttributes(want); got != want {
+		t.Fatal("WithAttributes copied a slice that carries its attributes")
+	}
+	var none *sliceintern.Interner
+	if a := none.Attributes(want, 0); !apiequality.Semantic.DeepEqual(a.Map(), want.Spec.Devices[0].Attributes) {
+		t.Fatal("a nil interner does not read the device's own attributes")
+	}
+}
+
+// A slice that is not a stored object (no UID or resourceVersion) keeps
+// its attribute maps, their values shared.
+func TestTransformKeepsMapsOfUnstoredSlices(t *testing.T) {
+	slices := published(t, 2, decidetest.NodeOptions{Profile: "h100-80gb:1"})
+	in := sliceintern.New(0, nil)
+	for _, s := range slices {
+		s.UID, s.ResourceVersion = "", ""
+		if _, err := in.Transform()(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := slices[0].Spec.Devices[0].Attributes["productName"], slices[len(slices)/2].Spec.Devices[0].Attributes["productName"]
+	if a.StringValue == nil || a.StringValue != b.StringValue {
+		t.Fatalf("productName %v and %v: kept, but not shared", a.StringValue, b.StringValue)
+	}
+	if in.CompactSlices() != 0 {
+		t.Fatalf("%d slices in compact form, want none", in.CompactSlices())
+	}
+}
+
+// The compact form of a slice lives as long as the cached object: once the
+// cache dropped it (replaced by a newer version, or deleted) and nobody
+// holds it, its entry goes. An entry a later object of the same version
+// made (a relist) stays while that object lives.
+func TestCompactFormGoesWithTheObject(t *testing.T) {
+	in := sliceintern.New(0, nil)
+	transform := func() *resourceapi.ResourceSlice {
+		s := published(t, 1, decidetest.NodeOptions{Profile: "h100-80gb:1"})[0]
+		if _, err := in.Transform()(s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first := transform()
+	relisted := transform() // the same UID and resourceVersion
+	if in.CompactSlices() != 1 {
+		t.Fatalf("%d entries, want 1", in.CompactSlices())
+	}
+	first = nil
+	waitFor := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for in.CompactSlices() != want && time.Now().Before(deadline) {
+			runtime.GC()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor(0)
+	if in.CompactSlices() != 1 {
+		t.Fatal("dropping an older object of the version removed the entry of the one the cache holds")
+	}
+	if a := in.Attributes(relisted, 0); a.Len() == 0 {
+		t.Fatal("the cached object lost its attributes")
+	}
+	runtime.KeepAlive(first)
+	relisted = nil
+	waitFor(0)
+	if n := in.CompactSlices(); n != 0 {
+		t.Fatalf("%d entries after the cache dropped every object, want 0", n)
 	}
 }

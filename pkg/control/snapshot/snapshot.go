@@ -23,6 +23,7 @@ import (
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/control/decide"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // Scheme knows every kind a snapshot holds.
@@ -45,6 +46,9 @@ type Options struct {
 	// NoTaintRules leaves DeviceTaintRules out (TaintRules nil): the
 	// engine's Config.TaintRules lists them (the controller).
 	NoTaintRules bool
+	// Attributes reads the devices' attributes where the reader is the
+	// controller's cache (Snapshot.Attributes).
+	Attributes *sliceintern.Interner
 }
 
 // Read lists a snapshot from the API (a controller-runtime client, or a
@@ -74,6 +78,7 @@ func Read(ctx context.Context, r client.Reader, o Options) (*decide.Snapshot, er
 	s := &decide.Snapshot{
 		Queues: ptrs(queues.Items), Pods: ptrs(pods.Items), Claims: ptrs(claims.Items), Templates: ptrs(templates.Items),
 		Slices: ptrs(slices.Items), Classes: ptrs(classes.Items), Nodes: ptrs(nodes.Items), Namespaces: ptrs(namespaces.Items),
+		Attributes: o.Attributes,
 	}
 	if o.NoTaintRules {
 		return s, nil

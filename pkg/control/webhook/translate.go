@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/api/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // Translation of pods written for other GPU systems (the NVIDIA device
@@ -118,21 +119,23 @@ type Inventory struct {
 	Products []string
 }
 
-// InventoryFromSlices reads the GPUs (type gpu) of driver from slices.
-func InventoryFromSlices(driver string, list []resourceapi.ResourceSlice) Inventory {
+// InventoryFromSlices reads the GPUs (type gpu) of driver from slices;
+// attrs reads their attributes (nil: the slices carry them).
+func InventoryFromSlices(driver string, list []resourceapi.ResourceSlice, attrs *sliceintern.Interner) Inventory {
 	mem, prod := map[int64]bool{}, map[string]bool{}
 	for i := range list {
 		if list[i].Spec.Driver != driver {
 			continue
 		}
-		for _, d := range list[i].Spec.Devices {
-			if t := d.Attributes["type"]; t.StringValue == nil || *t.StringValue != "gpu" {
+		for j, d := range list[i].Spec.Devices {
+			a := attrs.Attributes(&list[i], j)
+			if t, _ := a.Get("type"); t.StringValue == nil || *t.StringValue != "gpu" {
 				continue
 			}
 			if c, ok := d.Capacity["memory"]; ok {
 				mem[c.Value.Value()>>20] = true
 			}
-			if p := d.Attributes["productName"]; p.StringValue != nil {
+			if p, _ := a.Get("productName"); p.StringValue != nil {
 				prod[*p.StringValue] = true
 			}
 		}

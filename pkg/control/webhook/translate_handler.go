@@ -16,6 +16,8 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/tessera-dev/tessera/pkg/control/sliceintern"
 )
 
 // TranslatePath is where the PodTranslator is served. The chart lists its
@@ -42,6 +44,10 @@ type PodTranslator struct {
 	// Reader lists the ResourceSlices (a cache is fine: the inventory
 	// only sizes fractions and checks selectors).
 	Reader client.Reader
+	// Attributes reads the devices' attributes where Reader is the
+	// controller's cache (sliceintern's compact form); nil: the slices
+	// carry them.
+	Attributes *sliceintern.Interner
 	// Client reads and creates the managed templates (the API server).
 	Client client.Client
 	Config TranslateConfig
@@ -67,7 +73,7 @@ func (t *PodTranslator) Handle(ctx context.Context, req admission.Request) admis
 	if err := t.Reader.List(ctx, &slices, client.UnsafeDisableDeepCopy); err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("listing ResourceSlices: %w", err))
 	}
-	tr, err := t.Config.Translate(pod, InventoryFromSlices(t.Config.Driver, slices.Items))
+	tr, err := t.Config.Translate(pod, InventoryFromSlices(t.Config.Driver, slices.Items, t.Attributes))
 	var terr *TranslateError
 	switch {
 	case errors.As(err, &terr):
