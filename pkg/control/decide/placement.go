@@ -69,8 +69,8 @@ type deviceIndex struct {
 	from []*resourceapi.ResourceSlice
 	// devices counts the devices of the slices; offsets is where each
 	// slice's devices start in flat per-device vectors.
-	devices     int
-	offsets     []int
+	devices int
+	offsets []int
 	// convertible caches placer.convertible per device (flat): 0 not
 	// known yet, 1 no, 2 yes.
 	convertible []int8
@@ -93,13 +93,13 @@ type deviceIndex struct {
 
 func newDeviceIndex(slices []*resourceapi.ResourceSlice) *deviceIndex {
 	return &deviceIndex{
-		from:        slices,
-		keyIDs:      map[string][]int32{},
-		masks:       map[string][][]bool{},
-		cands:       map[string][]devPos{},
-		vectors:     map[string][]bool{},
-		failing:     map[string]bool{},
-		failSigs:    map[string]bool{},
+		from:     slices,
+		keyIDs:   map[string][]int32{},
+		masks:    map[string][][]bool{},
+		cands:    map[string][]devPos{},
+		vectors:  map[string][]bool{},
+		failing:  map[string]bool{},
+		failSigs: map[string]bool{},
 	}
 }
 
