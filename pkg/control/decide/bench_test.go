@@ -272,7 +272,6 @@ func benchDecideScale(b *testing.B, o NodeOptions, templates func([]*resourceapi
 		nodes, published := benchClusterOf(b, n, o)
 		attrs, slices := cacheForm(b, published)
 		snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Attributes: attrs, Classes: Classes(), Templates: templates(published)}
-		published = nil
 		benchPending(snap, leaves)
 		ctx := context.Background()
 		var first *decide.Decision
@@ -325,7 +324,6 @@ func BenchmarkEngineRetained(b *testing.B) {
 	nodes, published := benchClusterOf(b, 100, NodeOptions{Profile: "dgxh100", MIG: true})
 	attrs, slices := cacheForm(b, published)
 	snap := &decide.Snapshot{Queues: queues, Nodes: nodes, Slices: slices, Attributes: attrs, Classes: Classes(), Templates: smallestMIG(published)}
-	published = nil
 	benchPending(snap, leaves)
 	devices := 0
 	for _, s := range slices {

@@ -302,19 +302,21 @@ func TestTransformKeepsMapsOfUnstoredSlices(t *testing.T) {
 // made (a relist) stays while that object lives.
 func TestCompactFormGoesWithTheObject(t *testing.T) {
 	in := sliceintern.New(0, nil)
-	transform := func() *resourceapi.ResourceSlice {
-		s := published(t, 1, decidetest.NodeOptions{Profile: "h100-80gb:1"})[0]
+	// Node 0's slice twice (the same UID and resourceVersion), node 1's once.
+	transform := func(node int) *resourceapi.ResourceSlice {
+		all := published(t, 2, decidetest.NodeOptions{Profile: "h100-80gb:1"})
+		s := all[node*len(all)/2]
 		if _, err := in.Transform()(s); err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
-	first := transform()
-	relisted := transform() // the same UID and resourceVersion
-	if in.CompactSlices() != 1 {
-		t.Fatalf("%d entries, want 1", in.CompactSlices())
+	transform(0)             // an object a relist replaced: nothing holds it
+	relisted := transform(0) // the object the cache holds now
+	transform(1)             // a deleted slice: nothing holds it
+	if n := in.CompactSlices(); n != 2 {
+		t.Fatalf("%d entries, want 2", n)
 	}
-	first = nil
 	waitFor := func(want int) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -322,18 +324,13 @@ func TestCompactFormGoesWithTheObject(t *testing.T) {
 			runtime.GC()
 			time.Sleep(10 * time.Millisecond)
 		}
+		if n := in.CompactSlices(); n != want {
+			t.Fatalf("%d entries, want %d", n, want)
+		}
 	}
-	waitFor(0)
-	if in.CompactSlices() != 1 {
+	waitFor(1) // node 1's entry goes, node 0's stays
+	if a := in.Attributes(relisted, 0); a.Len() == 0 {
 		t.Fatal("dropping an older object of the version removed the entry of the one the cache holds")
 	}
-	if a := in.Attributes(relisted, 0); a.Len() == 0 {
-		t.Fatal("the cached object lost its attributes")
-	}
-	runtime.KeepAlive(first)
-	relisted = nil
-	waitFor(0)
-	if n := in.CompactSlices(); n != 0 {
-		t.Fatalf("%d entries after the cache dropped every object, want 0", n)
-	}
+	waitFor(0) // relisted is not used beyond this point
 }
