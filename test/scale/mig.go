@@ -130,6 +130,21 @@ func republish(ctx context.Context, cs kubernetes.Interface, cfg Config, mig boo
 	}
 	gen := time.Now().UnixNano() // newer than any generation before
 	start := time.Now()
+	// The slices to replace, listed once from the API server's watch cache:
+	// a DeleteCollection per node lists every slice of the cluster from
+	// etcd to filter it (tens of MB once the nodes publish MIG devices),
+	// and a worker's calls at once ran past the API server's timeout.
+	old, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{ResourceVersion: "0",
+		FieldSelector: fields.OneTermEqualSelector("spec.driver", devicemodel.DriverName).String()})
+	if err != nil {
+		return fmt.Errorf("listing the ResourceSlices to replace: %w", err)
+	}
+	byNode := map[string][]string{}
+	for _, s := range old.Items {
+		if s.Spec.NodeName != nil {
+			byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], s.Name)
+		}
+	}
 	var devices, count atomic.Int64
 	err = parallel(ctx, cfg.Nodes, cfg.Workers, func(ctx context.Context, i int) error {
 		name := nodeName(i)
@@ -137,10 +152,10 @@ func republish(ctx context.Context, cs kubernetes.Interface, cfg Config, mig boo
 		if err != nil {
 			return err
 		}
-		sel := metav1.ListOptions{FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("spec.nodeName", name),
-			fields.OneTermEqualSelector("spec.driver", devicemodel.DriverName)).String()}
-		if err := cs.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting the ResourceSlices of %s: %w", name, err)
+		for _, s := range byNode[name] {
+			if err := cs.ResourceV1().ResourceSlices().Delete(ctx, s, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("deleting ResourceSlice %s of %s: %w", s, name, err)
+			}
 		}
 		for _, s := range slices {
 			s.Spec.Pool.Generation = gen
