@@ -219,26 +219,15 @@ func (in *Interner) compactAttributes(s *resourceapi.ResourceSlice) bool {
 		}
 		slices.Sort(names)
 		ks := in.keySet(names)
-		ki, ok := setIdx[ks]
+		ki, ok := number(setIdx, &c.keys, ks)
 		if !ok {
-			if len(c.keys) >= 1<<16 {
-				return false // beyond the compact form
-			}
-			ki = uint16(len(c.keys))
-			setIdx[ks] = ki
-			c.keys = append(c.keys, ks)
+			return false // beyond the compact form
 		}
 		c.devs = append(c.devs, compactDevice{off: uint32(len(c.vals)), keys: ki})
 		for _, n := range ks.names {
-			v := in.attribute(attrs[n])
-			vi, ok := valIdx[v]
+			vi, ok := number(valIdx, &c.dict, in.attribute(attrs[n]))
 			if !ok {
-				if len(c.dict) >= 1<<16 {
-					return false // beyond the compact form
-				}
-				vi = uint16(len(c.dict))
-				valIdx[v] = vi
-				c.dict = append(c.dict, v)
+				return false
 			}
 			c.vals = append(c.vals, vi)
 		}
@@ -254,6 +243,21 @@ func (in *Interner) compactAttributes(s *resourceapi.ResourceSlice) bool {
 	in.amu.Unlock()
 	runtime.AddCleanup(&s.Spec.Devices[0], in.forget, owned{key, c.owner})
 	return true
+}
+
+// number returns v's number in list, adding v when it is new; false when
+// the list is full (the compact form numbers in 16 bits).
+func number[T comparable](index map[T]uint16, list *[]T, v T) (uint16, bool) {
+	if i, ok := index[v]; ok {
+		return i, true
+	}
+	if len(*list) >= 1<<16 {
+		return 0, false
+	}
+	i := uint16(len(*list))
+	index[v] = i
+	*list = append(*list, v)
+	return i, true
 }
 
 type owned struct {
