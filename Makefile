@@ -9,7 +9,7 @@ BIN   := bin
 PKGS  := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale bench-scale-large bench-tuning bench-upstream clean help
+.PHONY: all build test test-inprocess test-cluster bench-smoke-inprocess bench-smoke-cluster unit alerts-test fuzz vet lint fmt generate verify-generated demo print-slices gpu-smoke gpu-smoke-kit bench bench-smoke bench-scale bench-scale-large bench-tuning bench-upstream clean help
 
 all: build
 
@@ -19,8 +19,34 @@ build:
 	$(GO) build -o $(BIN)/controller ./cmd/controller
 	$(GO) build -o $(BIN)/kubectl-tessera ./cmd/kubectl-tessera
 
-## test: vet, golangci-lint, upstream binaries and helm (cached), unit tests with -race (a test that skips fails the run unless .ci/allowed-skips names it), bounded fuzzing, a short benchmark run, helm lint, end-to-end tests
-test: vet lint verify-generated cluster-build helm-bin promtool-bin unit fuzz bench-smoke helm-lint e2e
+## test: every test, in two lanes side by side once the cached tools are built (upstream binaries, helm, promtool): in process (vet, golangci-lint, generated files, helm lint, unit tests with -race, bounded fuzzing, the short benchmarks) and on the local cluster (end-to-end tests, then the 20-node scale smoke). A test that skips fails the run unless .ci/allowed-skips names it. TEST_LANES=serial runs the lanes one after the other
+# The cluster lane mostly waits on the cluster (about 1.1 of 2 cores busy),
+# the in-process lane mostly computes: side by side they fill the machine.
+# The in-process lane runs niced, so the cluster's waits stay as short as
+# when it runs alone and the other lane takes the cores it leaves.
+# Nothing in the first lane touches the cluster's fixed ports or directories
+# (docs/local-cluster.md). Each line is prefixed with its lane; both lanes run
+# to the end, and the run fails if either did.
+TEST_LANES ?= parallel
+test: cluster-build helm-bin promtool-bin
+ifeq ($(TEST_LANES),serial)
+	$(MAKE) --no-print-directory -j1 test-inprocess
+	$(MAKE) --no-print-directory -j1 test-cluster
+else
+	@set -o pipefail; start=$$(date +%s); \
+	{ $(MAKE) --no-print-directory -j1 test-cluster 2>&1 | sed -u 's/^/[cluster] /'; } & lane=$$!; \
+	{ nice -n 10 $(MAKE) --no-print-directory -j1 test-inprocess 2>&1 | sed -u 's/^/[in-process] /'; }; inproc=$$?; \
+	echo "make test: the in-process lane ended (exit $$inproc) after $$(( $$(date +%s) - start )) s"; \
+	wait $$lane; cl=$$?; \
+	echo "make test: the cluster lane ended (exit $$cl) after $$(( $$(date +%s) - start )) s"; \
+	[ $$inproc -eq 0 ] && [ $$cl -eq 0 ]
+endif
+
+## test-inprocess: make test's first lane: vet, lint, generated files, helm lint, unit tests, fuzzing, the in-process short benchmarks
+test-inprocess: vet lint verify-generated helm-lint unit fuzz bench-smoke-inprocess
+
+## test-cluster: make test's second lane: the end-to-end tests, then the 20-node scale smoke (both on the local cluster, one after the other)
+test-cluster: e2e bench-smoke-cluster
 
 ## generate: regenerate the deep-copy code and the CRDs from api/ (controller-gen), and the chart's copy of the CRDs
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
@@ -108,6 +134,11 @@ bench:
 ## bench-smoke: the same with a small trace and one iteration each, plus the scale run's small variant (20 KWOK nodes), so benchmarks cannot rot
 bench-smoke:
 	$(GO) run ./hack/bench --short
+# make test's two halves of bench-smoke: one per lane
+bench-smoke-inprocess:
+	$(GO) run ./hack/bench --short --cluster=without
+bench-smoke-cluster:
+	$(GO) run ./hack/bench --short --cluster=only
 
 ## bench-scale: end to end at scale (needs root, < 30 min): 500 KWOK nodes, 4,000 share pods in 10 queues vs the same without, gangs of 64 and 512 vs the same pods ungated; rewrites its section of docs/benchmarks.md (make bench keeps it)
 bench-scale:

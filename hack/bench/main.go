@@ -5,6 +5,8 @@
 //
 //	go run ./hack/bench                    # full run (< 15 min on 2 cores)
 //	go run ./hack/bench --short            # small trace, few iterations (make test)
+//	go run ./hack/bench --short --cluster=without  # only what runs in process (make test's
+//	                                       # first lane; --cluster=only: its cluster lane)
 //	go run ./hack/bench --pod-start=off    # skip the local-cluster measurement
 //	go run ./hack/bench --baseline-rev=REV # the engine's cost against REV (default: the code of
 //	                                       # 2026-11-25), in the same run; empty: skip it
@@ -23,6 +25,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -91,6 +94,7 @@ func main() {
 	scaleOnly := flag.Bool("scale", false, "run only the end-to-end scale benchmark on KWOK nodes and rewrite its section of --out")
 	scaleSize := flag.String("scale-size", "full", "size of the --scale or --tuning run: full (500 nodes, 4,000 pods; --tuning 1,000), small (the smoke variant) or large (--scale only: 2,000 nodes, (b), (a') and (a); its own section)")
 	tuningOnly := flag.Bool("tuning", false, "run only the tuning benchmark on KWOK nodes (kube-scheduler's and Tessera's settings against the defaults) and rewrite its section of --out (default docs/tuning.md)")
+	clusterSections := flag.String("cluster", "with", "sections that bring up the local cluster (pod start, the short run's scale smoke): with (run them too), without (skip them) or only (run nothing else); make test runs the two halves side by side")
 	baselineRev := flag.String("baseline-rev", defaultBaselineRev, "revision whose decision engine the admission section benchmarks in the same run, from a temporary git worktree (empty: none; the short run skips it)")
 	flag.Parse()
 	// The scale harness uses a controller-runtime client.
@@ -130,26 +134,36 @@ func main() {
 		return
 	}
 
-	sections := []struct {
-		name string
-		run  func(context.Context, *report) error
-	}{
-		{"packing", packing},
-		{"prepare", prepareLatency},
-		{"admission", admissionThroughput},
-		{"publication", publication},
-		{"controller memory", controllerMemory},
-		{"usage sampling", usageSampling},
-		{"pod start", func(ctx context.Context, r *report) error { return podStartLatency(ctx, r, *podStart) }},
+	type section struct {
+		name    string
+		cluster bool // brings up the local cluster
+		run     func(context.Context, *report) error
+	}
+	sections := []section{
+		{"packing", false, packing},
+		{"prepare", false, prepareLatency},
+		{"admission", false, admissionThroughput},
+		{"publication", false, publication},
+		{"controller memory", false, controllerMemory},
+		{"usage sampling", false, usageSampling},
+		{"pod start", true, func(ctx context.Context, r *report) error { return podStartLatency(ctx, r, *podStart) }},
 	}
 	if *short {
-		sections = append(sections, struct {
-			name string
-			run  func(context.Context, *report) error
-		}{"scale (small)", scaleSmoke})
+		sections = append(sections, section{"scale (small)", true, scaleSmoke})
+	}
+	switch *clusterSections {
+	case "with", "without", "only":
+	default:
+		fail(fmt.Errorf("--cluster=%q: want with, without or only", *clusterSections))
+	}
+	if *clusterSections == "only" && !*short {
+		fail(errors.New("--cluster=only writes a report without the in-process sections: use it with --short"))
 	}
 	failed := false
 	for _, s := range sections {
+		if (*clusterSections == "without" && s.cluster) || (*clusterSections == "only" && !s.cluster) {
+			continue
+		}
 		fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
 		if err := s.run(ctx, r); err != nil {
 			// A broken benchmark is a failure (make test runs the short
