@@ -35,7 +35,7 @@ ifeq ($(TEST_LANES),serial)
 else
 	@set -o pipefail; start=$$(date +%s); \
 	{ $(MAKE) --no-print-directory -j1 test-cluster 2>&1 | sed -u 's/^/[cluster] /'; } & lane=$$!; \
-	{ nice -n 10 $(MAKE) --no-print-directory -j1 test-inprocess 2>&1 | sed -u 's/^/[in-process] /'; }; inproc=$$?; \
+	{ nice -n 19 $(MAKE) --no-print-directory -j1 test-inprocess 2>&1 | sed -u 's/^/[in-process] /'; }; inproc=$$?; \
 	echo "make test: the in-process lane ended (exit $$inproc) after $$(( $$(date +%s) - start )) s"; \
 	wait $$lane; cl=$$?; \
 	echo "make test: the cluster lane ended (exit $$cl) after $$(( $$(date +%s) - start )) s"; \
@@ -81,7 +81,7 @@ $(GOLANGCI_LINT):
 # Packages whose code starts no goroutine (test/layout_test.go parses them
 # to check): the race detector can find nothing there, and it makes their
 # long property tests eight times slower. Their tests run without it.
-NORACE_PKGS := ./pkg/control/decide/...
+NORACE_PKGS := ./pkg/control/decide/... ./hack/internal/sim/...
 # Test binaries run at once: go test's default is GOMAXPROCS (2 here), and
 # the longest packages mostly wait on the API servers they start
 # (pkg/control/controller: about a quarter of a core for 4 minutes).

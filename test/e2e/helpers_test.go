@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -284,6 +285,18 @@ func editClient(t *testing.T, ns string) kubernetes.Interface {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The API server's authorizer learns of the RoleBinding through its
+	// own watch: on a busy machine a request right after the create can
+	// still be forbidden. Wait until the tenant itself may create what the
+	// tests create as it (a claim template is one of them).
+	waitFor(t, time.Minute, "the edit role bound to "+ns+"/tenant", func(ctx context.Context) (bool, error) {
+		r, err := c.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: ns, Verb: "create", Group: "resource.k8s.io", Resource: "resourceclaimtemplates",
+			}},
+		}, metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed, err
+	})
 	return c
 }
 
