@@ -201,6 +201,20 @@ func podLogs(t *testing.T, ns, name string) string {
 	return string(b)
 }
 
+// logThrough waits until the container's log has a line marker (the
+// container prints it once it has printed what the test reads) and returns
+// the log.
+func logThrough(t *testing.T, ns, name, marker string) string {
+	t.Helper()
+	var log string
+	waitFor(t, time.Minute, "the log of "+ns+"/"+name+" through "+marker, func(ctx context.Context) (bool, error) {
+		b, err := cluster.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		log = string(b)
+		return err == nil && strings.Contains(log, "\n"+marker+"\n"), err
+	})
+	return log
+}
+
 // requireChart skips a test whose subject exists only when Tessera is
 // installed by its Helm chart (TESSERA_INSTALL=chart, the default; why
 // says what it needs of the chart). make test installs the chart, and

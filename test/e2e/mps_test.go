@@ -25,6 +25,11 @@ import (
 // the daemon side; each container sees only its own claim's pipe
 // directory; deleting the pods stops the daemons and removes their
 // directories.
+// mpsRead is the line the MPS tests' containers print once they have
+// printed what they see of MPS: a container on a busy node may still be
+// reading when its pod is Running.
+const mpsRead = "MPS-READ"
+
 func TestMPSPerClaim(t *testing.T) {
 	usePlugin(t, localcluster.PluginConfig{Profile: localcluster.DefaultProfile, Args: []string{"--mps-control=fake"}})
 	ns := newNamespace(t)
@@ -37,7 +42,7 @@ func TestMPSPerClaim(t *testing.T) {
 		// prefixed so that it is not read as variables.
 		p.Spec.Containers[0].Command = []string{"sh", "-c",
 			"env | grep -E 'TESSERA|CUDA|NVIDIA' | sort; ls /tmp/nvidia-mps | sed 's/^/MPS-LS: /'; " +
-				"sed 's/^/MPS-CONTROL: /' /tmp/nvidia-mps/control; sed 's/^/MPS-CMD: /' /tmp/nvidia-mps/commands; exec sleep 3600"}
+				"sed 's/^/MPS-CONTROL: /' /tmp/nvidia-mps/control; sed 's/^/MPS-CMD: /' /tmp/nvidia-mps/commands; echo " + mpsRead + "; exec sleep 3600"}
 		createPod(t, ns, p)
 	}
 	r := scenario.NewRun(scenarioEnv(t), scenario.Scenario{Name: "mps"}, ns)
@@ -48,6 +53,7 @@ func TestMPSPerClaim(t *testing.T) {
 	var files []string
 	for name, mem := range pods {
 		pl := pls[name]
+		pl.Log = logThrough(t, ns, name, mpsRead)
 		c, d := oneDevice(t, pl)
 		pipe := filepath.Join(scenario.PluginDataDir, "mps", string(c.UID), "pipe")
 		if pl.Env["TESSERA_MODE"] != "mps" || pl.Env["TESSERA_ENFORCED"] != "mps" || pl.Env["CUDA_MPS_PIPE_DIRECTORY"] != "/tmp/nvidia-mps" {
@@ -118,7 +124,7 @@ func TestMPSDaemonPods(t *testing.T) {
 		p := claimPod(name, "mps")
 		// What the container sees of MPS, then: is its daemon still there?
 		p.Spec.Containers[0].Command = []string{"sh", "-c",
-			"env | grep -E 'TESSERA|CUDA|NVIDIA' | sort; sed 's/^/MPS-CONTROL: /' /tmp/nvidia-mps/control; sed 's/^/MPS-CMD: /' /tmp/nvidia-mps/commands; " +
+			"env | grep -E 'TESSERA|CUDA|NVIDIA' | sort; sed 's/^/MPS-CONTROL: /' /tmp/nvidia-mps/control; sed 's/^/MPS-CMD: /' /tmp/nvidia-mps/commands; echo " + mpsRead + "; " +
 				"while test -e /tmp/nvidia-mps/control; do sleep 1; done; echo MPS-GONE; exec sleep 3600"}
 		return p
 	}
@@ -133,6 +139,7 @@ func TestMPSDaemonPods(t *testing.T) {
 	}
 	pods := cluster.Client.CoreV1().Pods(plugin.Namespace)
 	pl := placements(t, r)["a"]
+	pl.Log = logThrough(t, ns, "a", mpsRead)
 	c, d := oneDevice(t, pl)
 	pipe := filepath.Join(scenario.PluginDataDir, "mps", string(c.UID), "pipe")
 	daemonName := "tessera-mps-" + string(c.UID)
