@@ -194,11 +194,16 @@ func waitPodPhase(t *testing.T, ns, name string, phase corev1.PodPhase, timeout 
 // from the kubelet on 127.0.0.1).
 func podLogs(t *testing.T, ns, name string) string {
 	t.Helper()
-	b, err := cluster.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(t.Context())
+	log, err := readLog(t.Context(), ns, name)
 	if err != nil {
 		t.Fatalf("logs of %s/%s: %v", ns, name, err)
 	}
-	return string(b)
+	return log
+}
+
+func readLog(ctx context.Context, ns, name string) (string, error) {
+	b, err := cluster.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	return string(b), err
 }
 
 // logThrough waits until the container's log has a line marker (the
@@ -208,8 +213,8 @@ func logThrough(t *testing.T, ns, name, marker string) string {
 	t.Helper()
 	var log string
 	waitFor(t, time.Minute, "the log of "+ns+"/"+name+" through "+marker, func(ctx context.Context) (bool, error) {
-		b, err := cluster.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
-		log = string(b)
+		var err error
+		log, err = readLog(ctx, ns, name)
 		return err == nil && strings.Contains(log, "\n"+marker+"\n"), err
 	})
 	return log

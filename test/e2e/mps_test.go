@@ -20,16 +20,16 @@ import (
 	"github.com/tessera-dev/tessera/test/scenario"
 )
 
-// TestMPSPerClaim: with --mps-control (the mock backend's fake daemon) two
-// claims in mps mode each get their own MPS daemon with the limits set on
-// the daemon side; each container sees only its own claim's pipe
-// directory; deleting the pods stops the daemons and removes their
-// directories.
 // mpsRead is the line the MPS tests' containers print once they have
 // printed what they see of MPS: a container on a busy node may still be
 // reading when its pod is Running.
 const mpsRead = "MPS-READ"
 
+// TestMPSPerClaim: with --mps-control (the mock backend's fake daemon) two
+// claims in mps mode each get their own MPS daemon with the limits set on
+// the daemon side; each container sees only its own claim's pipe
+// directory; deleting the pods stops the daemons and removes their
+// directories.
 func TestMPSPerClaim(t *testing.T) {
 	usePlugin(t, localcluster.PluginConfig{Profile: localcluster.DefaultProfile, Args: []string{"--mps-control=fake"}})
 	ns := newNamespace(t)
